@@ -7,10 +7,12 @@ import os
 import platform
 import re
 import sys
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
 
 from .errors import DeviceVisibilityError
+
+T = TypeVar("T")
 
 __all__ = [
     "DRIVER_FILES",
@@ -22,6 +24,7 @@ __all__ = [
     "fields",
     "gcn_features",
     "normalize_gcn_arch",
+    "nvml_compute_pids",
     "nvml_devices",
     "nvml_primary",
     "physical_devices",
@@ -272,8 +275,9 @@ def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def nvml_devices() -> list[dict[str, Any]] | None:
-    """Every CUDA-visible NVIDIA GPU via NVML (no CUDA context); None when NVML fails."""
+def _nvml(body: Callable[[Any, list[Any], list[int], list[str]], T]) -> T | None:
+    """``body(pynvml, handles, order, uuids)`` inside an NVML session (``order``: the NVML indices
+    of the CUDA-visible devices, in CUDA order); None when NVML or the body fails."""
     try:
         import pynvml
     except Exception:  # not installed, or a broken/deprecated shim
@@ -287,36 +291,7 @@ def nvml_devices() -> list[dict[str, Any]] | None:
         handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
         uuids = [_text(pynvml.nvmlDeviceGetUUID(h)) for h in handles]
         order = visible_nvml_indices(os.environ.get("CUDA_VISIBLE_DEVICES"), uuids)
-        if not order:
-            return None
-        driver = _text(pynvml.nvmlSystemGetDriverVersion())
-        try:
-            cuda = int(pynvml.nvmlSystemGetCudaDriverVersion_v2())
-            cuda_driver = f"{cuda // 1000}.{cuda % 1000 // 10}"
-        except Exception:
-            cuda_driver = ""
-        devices = []
-        for cuda_index, nvml_index in enumerate(order):
-            handle = handles[nvml_index]
-            major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(handle)
-            try:
-                memory: int | None = int(pynvml.nvmlDeviceGetMemoryInfo(handle).total)
-            except Exception:
-                memory = None
-            devices.append(
-                {
-                    "index": cuda_index,
-                    "nvml_index": nvml_index,
-                    "name": _text(pynvml.nvmlDeviceGetName(handle)),
-                    "arch": f"sm_{major}{minor}",
-                    "capability": [int(major), int(minor)],
-                    "uuid": uuids[nvml_index],
-                    "memory_bytes": memory,
-                    "driver": driver,
-                    "cuda_driver": cuda_driver,
-                }
-            )
-        return devices
+        return body(pynvml, handles, order, uuids) if order else None
     except Exception:
         return None
     finally:
@@ -324,6 +299,54 @@ def nvml_devices() -> list[dict[str, Any]] | None:
             pynvml.nvmlShutdown()
         except Exception:
             pass
+
+
+def nvml_devices() -> list[dict[str, Any]] | None:
+    """Every CUDA-visible NVIDIA GPU via NVML (no CUDA context); None when NVML fails."""
+    return _nvml(_devices)
+
+
+def _devices(
+    pynvml: Any, handles: list[Any], order: list[int], uuids: list[str]
+) -> list[dict[str, Any]]:
+    driver = _text(pynvml.nvmlSystemGetDriverVersion())
+    try:
+        cuda = int(pynvml.nvmlSystemGetCudaDriverVersion_v2())
+        cuda_driver = f"{cuda // 1000}.{cuda % 1000 // 10}"
+    except Exception:
+        cuda_driver = ""
+    devices = []
+    for cuda_index, nvml_index in enumerate(order):
+        handle = handles[nvml_index]
+        major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(handle)
+        try:
+            memory: int | None = int(pynvml.nvmlDeviceGetMemoryInfo(handle).total)
+        except Exception:
+            memory = None
+        devices.append(
+            {
+                "index": cuda_index,
+                "nvml_index": nvml_index,
+                "name": _text(pynvml.nvmlDeviceGetName(handle)),
+                "arch": f"sm_{major}{minor}",
+                "capability": [int(major), int(minor)],
+                "uuid": uuids[nvml_index],
+                "memory_bytes": memory,
+                "driver": driver,
+                "cuda_driver": cuda_driver,
+            }
+        )
+    return devices
+
+
+def nvml_compute_pids() -> list[int] | None:
+    """The processes computing on the first CUDA-visible NVIDIA GPU, as ``nvidia-smi`` lists them
+    (NVML, no CUDA context); None when NVML cannot say."""
+    return _nvml(
+        lambda pynvml, handles, order, _: [
+            int(p.pid) for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handles[order[0]])
+        ]
+    )
 
 
 def nvml_primary() -> dict[str, Any] | None:

@@ -69,7 +69,7 @@ __all__ = [
 ]
 
 # 1.1: accepted-changes, migrations; 1.2: torch-rocm, device-features, numerics-env; 1.3: blas
-LOCK_VERSION = "1.3"
+LOCK_VERSION = "1.4"
 MATCH_RULES: tuple[Match, ...] = get_args(Match)
 # a twin's state dict against the pinned class's
 StateDict = Literal["interchangeable", "migrate", "incompatible"]

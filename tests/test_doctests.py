@@ -1,6 +1,6 @@
 """The examples in the small rule functions' docstrings are run by the fast lane (issue 40): the
-tolerance rule, the fingerprint's matching rule and the choice's margins. Only these modules, so the
-lane does not import every module under doctest."""
+tolerance rule, the fingerprint's matching rule and the choice's verdicts. Only these modules, so
+the lane does not import every module under doctest."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ MODULES = {  # module -> the functions whose examples it must keep (a deleted ex
     "kernel_probe.probe.tolerance": ("floor", "tolerance", "ratio", "limits"),
     "kernel_lock.fingerprint": ("field_matches",),
     "kernel_lock.toml": ("toml_key", "toml_value"),  # the canonical layout's two rules
-    "kernel_probe.probe.repetitions": ("margin",),
-    "kernel_probe.probe.choose": ("clears_margin", "within_margin"),
-    "kernel_probe.probe.check": ("faster_runs",),  # the rematch keeps the default's faster run
+    "kernel_probe.probe.repetitions": ("block", "verdict", "said"),  # the paired rounds' verdict
+    "kernel_probe.probe.choose": ("acceptable",),
+    "kernel_probe.probe.check": ("merged",),  # a candidate's blocks of calls, one row per shape
     "kernel_probe.probe.planning": ("SlotRule", "slot_rules"),  # a slot's rule, and the merge
     "kernel_lock.tables": (
         "tables",

@@ -177,6 +177,7 @@ def _timings(timing: Any, chosen: str) -> None:
     on_gpu = any("copy-percent" in t for t in timing)  # measured on GPUs only
     columns: tuple[str, ...] = ("implementation", "shape", "dtype", "ms", "first call s")
     columns += ("GB/s", "% copy") if on_gpu else ()
+    columns += ("vs default", "load")
     rows = []
     for t in timing:
         ms = t.get("median-ms")
@@ -187,14 +188,47 @@ def _timings(timing: Any, chosen: str) -> None:
             f"{ms:.3f}" if isinstance(ms, (int, float)) else t.get("error", ""),
             _fmt(t.get("compile-s")),
             *([_fmt(t.get("gbps")), _fmt(t.get("copy-percent"), ".0f")] if on_gpu else []),
+            _versus(t),
+            _load(t),
         ]
         rows.append([safe(c) for c in cells])
     print_rows("timings (forward + backward)", columns, rows, right=columns[3:])
+    if any("ratio" in t for t in timing):
+        _say(
+            "  vs default: the median time ratio of the paired rounds, its interval, x rounds; "
+            "load: the load average / other busy processes (/ on the GPU) while timed"
+        )
     for t in (t for t in timing if "error" in t):
         where = f"{safe(t.get('implementation', ''))} at {safe(t.get('shape', ''))}"
         _say(f"  {where}: {safe(t['error'])}")
     for line in bar_chart(timing, chosen=chosen):
         output.console().print(safe(line), soft_wrap=False)
+
+
+def _versus(t: Any) -> str:
+    """A row's paired ratio to the default: ``0.91 [0.82, 1.00] x6``; "" where it has none."""
+    ratio, interval = t.get("ratio"), t.get("interval")
+    if not isinstance(ratio, (int, float)):
+        return ""
+    span = f" [{interval[0]:.2f}, {interval[1]:.2f}]" if _pair_of_numbers(interval) else ""
+    return f"{ratio:.2f}{span} x{t.get('rounds', '?')}"
+
+
+def _pair_of_numbers(value: Any) -> bool:
+    return (
+        isinstance(value, list)
+        and len(value) == 2
+        and all(isinstance(x, (int, float)) for x in value)
+    )
+
+
+def _load(t: Any) -> str:
+    """The load seen while a row was timed: ``3.1 / 2``; "" for a lock before 1.4."""
+    load, busy, gpu = t.get("load-average"), t.get("busy-processes"), t.get("gpu-processes")
+    if not isinstance(load, (int, float)):
+        return ""
+    said = f"{load:.1f} / {busy}" if isinstance(busy, int) else f"{load:.1f}"
+    return said + (f" / GPU {gpu}" if isinstance(gpu, int) else "")
 
 
 def bar_chart(rows: Any, *, chosen: str = "", width: int = 80) -> list[str]:

@@ -10,6 +10,7 @@ import os
 import platform
 import socket
 import sys
+import time
 from collections.abc import Iterable, Mapping
 from typing import Any, NamedTuple
 
@@ -271,3 +272,73 @@ def detect_site(
         "slurm": {name: env[name] for name in SLURM_VARIABLES if name in env},
         "markers": found,
     }
+
+
+# ---- what else runs here while a candidate is timed ----------------------------------------------
+BUSY_SHARE = 0.1  # a process that used this share of a core over a timed block counts as busy
+
+
+def cpu_seconds(root: str = "/proc") -> dict[int, tuple[int, float]]:
+    """Every process's (parent pid, CPU seconds used so far, all threads) from ``/proc/<pid>/stat``;
+    {} where there is no /proc."""
+    tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    out: dict[int, tuple[int, float]] = {}
+    with contextlib.suppress(OSError):
+        for name in os.listdir(root):
+            if not name.isdigit():
+                continue
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                with open(f"{root}/{name}/stat", "rb") as fh:
+                    text = fh.read(4096).decode("ascii", "replace")
+                fields = text[text.rfind(")") + 2 :].split()  # the name may hold spaces, parens
+                out[int(name)] = (int(fields[1]), (int(fields[11]) + int(fields[12])) / tick)
+    return out
+
+
+def busy_others(
+    before: Mapping[int, tuple[int, float]],
+    after: Mapping[int, tuple[int, float]],
+    seconds: float,
+    root: int | None = None,
+) -> int:
+    """The processes outside ``root``'s tree (default: this process, its workers and theirs) that
+    used ``BUSY_SHARE`` of a core or more between the two readings, ``seconds`` apart.
+
+    >>> before = {1: (0, 5.0), 10: (1, 0.0), 11: (10, 0.0), 20: (1, 0.0)}
+    >>> after = {1: (0, 5.0), 10: (1, 1.0), 11: (10, 1.0), 20: (1, 0.9), 21: (1, 0.5)}
+    >>> busy_others(before, after, 1.0, root=10)  # 20 and 21 (new); 10 and 11 are ours
+    2
+    """
+    ours = _tree(after, os.getpid() if root is None else root)
+    floor = BUSY_SHARE * max(seconds, 1e-9)
+    used = {pid: cpu - before.get(pid, (0, 0.0))[1] for pid, (_, cpu) in after.items()}
+    return sum(1 for pid, cpu in used.items() if pid not in ours and cpu >= floor)
+
+
+def _tree(processes: Mapping[int, tuple[int, float]], root: int) -> set[int]:
+    """``root`` and every process descending from it."""
+    ours, grew = {root}, True
+    while grew:
+        more = {pid for pid, (parent, _) in processes.items() if parent in ours} - ours
+        ours, grew = ours | more, bool(more)
+    return ours
+
+
+class Load:
+    """What else ran on the machine over a timed block: made before it, ``seen()`` after it;
+    ``gpu``: also the other processes NVML sees computing on the GPU (where it can say)."""
+
+    def __init__(self, gpu: bool = False) -> None:
+        self.gpu, self.started, self.before = gpu, time.perf_counter(), cpu_seconds()
+
+    def seen(self) -> dict[str, float | int]:
+        """The 1-minute load average now, the other busy processes since the start, and on a GPU
+        the other processes computing on it now."""
+        seconds, after = time.perf_counter() - self.started, cpu_seconds()
+        load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+        out: dict[str, float | int] = {"load_average": round(load, 2)}
+        out["busy_processes"] = busy_others(self.before, after, seconds)
+        pids = fp_host.nvml_compute_pids() if self.gpu else None
+        if pids is not None:
+            out["gpu_processes"] = len(set(pids) - _tree(after, os.getpid()))
+        return out

@@ -194,7 +194,13 @@ class TimingRow(TypedDict, total=False):
     blas: str  # the BLAS library a Linear ran under on a GPU
     peak_bytes: int  # Attention on a GPU: peak memory allocated by one fwd+bwd
     timed: str  # how the number of repetitions was decided (probe.repetitions)
-    samples: list[float]  # the timed calls (s): the slot's others are decided against them
+    samples: list[float]  # the timed calls (s)
+    # the probe's, after the reply: the load seen meanwhile (max over the rounds), and per paired
+    # round the default's block median and this candidate's, ms (repetitions.py)
+    load_average: float
+    busy_processes: int
+    gpu_processes: int  # on a GPU, where NVML can say
+    pairs: list[list[float]]
 
 
 # ---- the worker: replies -------------------------------------------------------------------------

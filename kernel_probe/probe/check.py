@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import statistics
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -18,6 +19,7 @@ from typing import Any, ParamSpec, TypedDict, cast
 from kernel_lock.slots import DTYPES, dtype_named
 from kernel_probe import slots as slot_behaviour
 from kernel_probe.candidates import Candidate, default_for, for_slot, local_modules
+from kernel_probe.detect import host
 from kernel_probe.errors import UsageError
 from kernel_probe.isolation.protocol import (
     INTERPRETED,
@@ -29,7 +31,6 @@ from kernel_probe.isolation.protocol import (
 )
 from kernel_probe.isolation.worker import Worker, WorkerDied, WorkerPool
 from kernel_probe.probe import judge, repetitions
-from kernel_probe.probe.choose import beats_default
 from kernel_probe.probe.judge import Policy, stopped
 from kernel_probe.probe.limits import CHECK_TIMEOUT, COMPILED_FACTOR, IMPORT_TIMEOUT, TIMING_TIMEOUT
 from kernel_probe.probe.report import Problem, Report, ReportBase, report_base, static_problem
@@ -177,7 +178,8 @@ OnTiming = Callable[[str, str, Sequence[str], TimingProgressMessage | None], Non
 class Timing:
     """How the probe times each accepted candidate after its check, in its worker. ``timed_at``: a
     slot's own shapes; ``fixed``: ``reps`` calls each (``--reps``), else what can change the choice
-    (``repetitions``) within ``budget_s`` per slot (None: the device's)."""
+    (``repetitions``) within ``budget_s`` per slot (None: the device's); ``weights``: a model's
+    calls per forward at each shape, per slot (the rounds' ratios are of the model's time)."""
 
     shapes: tuple[str, ...]
     dtype: str
@@ -187,6 +189,7 @@ class Timing:
     timed_at: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     fixed: bool = False
     budget_s: float | None = None
+    weights: Mapping[str, Mapping[str, int]] = field(default_factory=dict)  # a model's, per slot
 
 
 @dataclass
@@ -267,90 +270,139 @@ def _time_slot(
     pool: WorkerPool,
     timing: Timing,
 ) -> None:
-    """The slot's accepted candidates timed: the default first, the others against its samples."""
+    """The slot's accepted candidates timed: a sole one once (nothing to compare); else each other
+    against the default in paired rounds (``repetitions``), the default first in the first."""
     default_id = default_for(slot).id
     timeable = [
         (c, d) for c, d in done if d.report.status == "accepted" and not d.report.interpreted
     ]
     timeable.sort(key=lambda pair: pair[0].id != default_id)  # stable: declared order after it
-    kind = "cpu" if checks.device == "cpu" else "gpu"
-    budget = repetitions.SLOT_BUDGET_S[kind] if timing.budget_s is None else timing.budget_s
-    spent = 0.0
-    against: dict[str, list[float]] | None = None
-    first_options: dict[str, Any] = {}
-    for i, (cand, checked) in enumerate(timeable):
-        warmup = min(3, timing.reps) if kind == "gpu" or timing.fixed else 1
-        options: dict[str, Any] = {"reps": timing.reps, "warmup": warmup}
-        options["min_seconds"] = 0.2 if kind == "gpu" else 0.0
-        if timing.fixed:
-            options["mode"] = "fixed"
-        elif len(timeable) == 1:
-            options["mode"] = "sole"
-        else:
-            share = max(budget - spent, 0.0) / (len(timeable) - i)
-            baseline = against if cand.id != default_id else None
-            options.update(mode="adaptive", budget_s=share, against=baseline)
-        with pool.worker_for(cand) as worker:
-            _time(cand, slot, checks, worker, timing, checked, options)
-        spent += checked.time_seconds
-        if cand.id == default_id and checked.timings:
-            against = {r["shape"]: list(r["samples"]) for r in checked.timings if r.get("samples")}
-            first_options = options
-    if timeable and timeable[0][0].id == default_id and len(timeable) > 1:
-        _rematch(slot, timeable, checks, pool, timing, first_options)
+    gpu = checks.device != "cpu"
+    warmup = min(3, timing.reps) if gpu or timing.fixed else 1
+    first: dict[str, Any] = {"reps": timing.reps, "warmup": warmup, "mode": "fixed"}
+    first["min_seconds"] = 0.2 if gpu else 0.0
+    if len(timeable) == 1:
+        cand, checked = timeable[0]
+        _time(
+            cand,
+            slot,
+            checks,
+            pool,
+            timing,
+            checked,
+            first if timing.fixed else first | {"mode": "sole"},
+        )
+    elif timeable:
+        n = repetitions.block(timing.reps)
+        first.update(reps=n, max_reps=n, min_seconds=0.0)
+        _rounds(
+            slot, timeable, checks, pool, timing, (first, {**first, "warmup": 0, "check": False})
+        )
 
 
-def _rematch(
+def _rounds(
     slot: str,
     timeable: Sequence[tuple[Candidate, Checked]],
     checks: Checks,
     pool: WorkerPool,
     timing: Timing,
-    options: Mapping[str, Any],
+    options: tuple[dict[str, Any], dict[str, Any]],
 ) -> None:
-    """Where a candidate beat the default's first run, the default is timed again, each shape
-    keeping the faster run: the first timed pays for what warms up (thread pools, allocator,
-    clocks; torch.sdpa timed first on 2 loaded cores: 1.36x slower than the same kernel after)."""
-    default_cand, default = timeable[0]
-    shapes = timing.timed_at.get(slot, timing.shapes)
-    if timing.fixed or not default.timings or default.report.status != "accepted":
-        return
-    if not any(
+    """Paired rounds: per round, per candidate still undecided, a block of the default and one of
+    it (the order swapped every round), until each is decided (``--reps N``: N calls each, in
+    ``MIN_ROUNDS`` rounds at least, all of them), ``MAX_ROUNDS`` or the slot's budget."""
+    (base_cand, base), rest = timeable[0], list(timeable[1:])
+    shapes, weights = timing.timed_at.get(slot, timing.shapes), timing.weights.get(slot)
+    kind = "gpu" if checks.device != "cpu" else "cpu"
+    budget = repetitions.SLOT_BUDGET_S[kind] if timing.budget_s is None else timing.budget_s
+    rounds = repetitions.MAX_ROUNDS
+    if timing.fixed:  # N calls, in at least the rounds an interval takes (fewer decide nothing)
+        rounds = max(repetitions.MIN_ROUNDS, -(-timing.reps // options[0]["reps"]))
+    started, how = time.perf_counter(), "fixed" if timing.fixed else "max-rounds"
+    for r in range(rounds):
+        for cand, checked in rest:
+            pair = [(base_cand, base), (cand, checked)][:: -1 if r % 2 else 1]
+            got = {
+                c.id: _time(c, slot, checks, pool, timing, d, options[d.timings is not None])
+                for c, d in pair
+            }
+            _pair(checked, got[base_cand.id], got[cand.id])
+        rest = [(c, d) for c, d in rest if _timed_ok(d)]
+        if not timing.fixed:
+            rest = [(c, d) for c, d in rest if not _decided(d, shapes, weights)]
+        if not timing.fixed and time.perf_counter() - started >= budget:
+            how = "budget"
+        if not rest or not _timed_ok(base) or how == "budget":
+            break
+    for _, checked in timeable[1:]:
+        undecided = any(checked is d for _, d in rest)
+        for row in checked.timings or ():
+            row["timed"] = how if undecided or timing.fixed else "decided"
+    for row in base.timings or ():
+        row["timed"] = "default"
+
+
+def _timed_ok(checked: Checked) -> bool:
+    return (
         checked.report.status == "accepted"
-        and beats_default(checked.timings, default.timings, shapes)
-        for _, checked in timeable[1:]
-    ):
-        return
-    first, first_seconds = default.timings, default.time_seconds
-    with pool.worker_for(default_cand) as worker:
-        _time(default_cand, slot, checks, worker, timing, default, options)
-    default.time_seconds += first_seconds
-    if default.report.status != "accepted" or not default.timings:
-        default.timings = first  # its failure is in its report: the rule-out is the judge's
-        return
-    default.timings = faster_runs(first, default.timings)
+        and bool(checked.timings)
+        and all("error" not in row for row in checked.timings or ())
+    )
 
 
-def faster_runs(
-    first: Sequence[Mapping[str, Any]], second: Sequence[Mapping[str, Any]]
+def _decided(checked: Checked, shapes: Sequence[str], weights: Mapping[str, int] | None) -> bool:
+    ratio = repetitions.paired(checked.timings or (), shapes, weights)
+    return ratio is not None and ratio.decided
+
+
+def _pair(
+    checked: Checked, base: list[dict[str, Any]] | None, own: list[dict[str, Any]] | None
+) -> None:
+    """One round's pair of blocks, per shape: the default's block median and the candidate's (ms),
+    appended to the candidate's row's ``pairs``."""
+    if not base or not own or not checked.timings:
+        return
+    medians = [
+        {r["shape"]: 1e3 * statistics.median(r["samples"]) for r in rows if r.get("samples")}
+        for rows in (base, own)
+    ]
+    for row in checked.timings:
+        shape = row["shape"]
+        if shape in medians[0] and shape in medians[1] and "error" not in row:
+            row.setdefault("pairs", []).append([medians[0][shape], medians[1][shape]])
+
+
+RATES = ("gbps", "tflops", "copy_percent")  # a row's figures that are some amount / its median
+
+
+def merged(
+    rows: Sequence[Mapping[str, Any]], block: Sequence[Mapping[str, Any]]
 ) -> list[dict[str, Any]]:
-    """Per shape, the row of the faster of two runs of the default (an error row never wins), each
-    marked ``timed = "rematch"``.
+    """A candidate's rows with one more block's samples, per shape: the median, spread and count
+    of all, the rates rescaled to that median, the most load seen; an error in either is the row.
 
-    >>> a = [{"shape": "8x4", "median_ms": 2.0, "timed": "baseline"}]
-    >>> b = [{"shape": "8x4", "median_ms": 1.5, "timed": "baseline"}]
-    >>> faster_runs(a, b)
-    [{'shape': '8x4', 'median_ms': 1.5, 'timed': 'rematch'}]
-    >>> faster_runs(a, [{"shape": "8x4", "error": "RuntimeError: out of memory"}])[0]["median_ms"]
-    2.0
+    >>> a = [{"shape": "8x4", "samples": [0.002], "median_ms": 2.0, "gbps": 3.0}]
+    >>> b = [{"shape": "8x4", "samples": [0.004, 0.004], "median_ms": 4.0, "busy_processes": 1}]
+    >>> m = merged(a, b)[0]
+    >>> m["median_ms"], m["reps"], m["gbps"], m["busy_processes"]
+    (4.0, 3, 1.5, 1)
     """
-    again = {r["shape"]: r for r in second if "error" not in r}
+    more = {r["shape"]: r for r in block}
     out: list[dict[str, Any]] = []
-    for row in first:
-        other = again.get(row["shape"])
-        if other is not None and ("error" in row or other["median_ms"] < row["median_ms"]):
-            row = other
-        out.append({**row, "timed": "rematch"} if "error" not in row else dict(row))
+    for row in rows:
+        extra = more.get(row["shape"])
+        if extra is None or "error" in row or "error" in extra:
+            out.append(dict(row if extra is None or "error" in row else extra))
+            continue
+        samples = [*row["samples"], *extra["samples"]]
+        median = 1e3 * statistics.median(samples)
+        new = {**row, "samples": samples, "median_ms": median, "reps": len(samples)}
+        new["spread"] = repetitions.spread(samples)
+        new.update({k: row[k] * row["median_ms"] / median for k in RATES if k in row})
+        for key in ("load_average", "busy_processes", "gpu_processes"):
+            if key in extra:
+                new[key] = max(row.get(key, 0), extra[key])
+        out.append(new)
     return out
 
 
@@ -358,31 +410,44 @@ def _time(
     cand: Candidate,
     slot: str,
     checks: Checks,
-    worker: Worker,
+    pool: WorkerPool,
     timing: Timing,
     done: Checked,
     options: Mapping[str, Any],
-) -> None:
-    """One accepted candidate timed in its worker (``options``: ``timing.time_candidate``'s)."""
+) -> list[dict[str, Any]] | None:
+    """One accepted candidate timed in its worker (``options``: ``timing.time_candidate``'s), with
+    the load seen meanwhile; its rows merged into ``done``'s (``merged``) and returned (None: no
+    rows; the report says why)."""
     t1 = time.perf_counter()
     shapes = timing.timed_at.get(slot, timing.shapes)
-    timing.progress(slot, cand.id, shapes, None)
+    first = done.timings is None  # later rounds' blocks are not announced: one line per candidate
+    if first:
+        timing.progress(slot, cand.id, shapes, None)
     where = _about(cand, slot, checks.device)
     request = TimeRequest(
         op="time", **where, shapes=shapes, dtype=timing.dtype, regime=timing.regime
     )
-    request["progress"], request["options"] = True, dict(options)
+    request["progress"], request["options"] = first, dict(options)
     request["canonical"] = dict(checks.canonical.get(slot) or {})
-    try:
-        reply = worker.call(
-            request, TIMING_TIMEOUT, on_progress=lambda m: timing.progress(slot, cand.id, shapes, m)
-        )
-        if not reply.tampered:
-            done.timings = [cast(dict[str, Any], row) for row in reply.rows]
-        judge.judge_timing(done.report, reply)
-    except WorkerDied as exc:
-        judge.judge_timing_died(done.report, exc.status, exc.reason)
-    done.time_seconds = time.perf_counter() - t1
+    rows = None
+    with pool.worker_for(cand) as worker:
+        load = host.Load(gpu=checks.device != "cpu")
+        try:
+            reply = worker.call(
+                request,
+                TIMING_TIMEOUT,
+                on_progress=lambda m: timing.progress(slot, cand.id, shapes, m),
+            )
+            if not reply.tampered:
+                seen = load.seen()
+                rows = [{**cast(dict[str, Any], row), **seen} for row in reply.rows]
+            judge.judge_timing(done.report, reply)
+        except WorkerDied as exc:
+            judge.judge_timing_died(done.report, exc.status, exc.reason)
+    done.time_seconds += time.perf_counter() - t1
+    if rows is not None:
+        done.timings = rows if done.timings is None else merged(done.timings, rows)
+    return rows
 
 
 def check_all(

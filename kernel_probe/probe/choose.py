@@ -1,16 +1,15 @@
 """Where a slot's implementation is chosen, from verdicts and timings.
 
-Eligible: candidates ``accepted`` and timed without error at every shape. Each is scored by the
-geometric mean over the shapes of its median time / the torch.nn default's. The default keeps the
-slot unless another candidate is faster by more than the margin:
-
-    score <= 1 / (1 + margin),   margin = max(5 %, 2 x the larger relative spread (IQR / median)
-                                               of the two candidates' timings at any shape)
-
-so timing noise never flips the choice. Of those clearing it the lowest score wins (ties: declared
-first). ``--pin`` forces an accepted candidate; ``--prefer`` takes it when accepted and not slower
-beyond the margin; ``--deterministic`` keeps only bitwise repeatable ones; Triton kernels that ran
-interpreted are never eligible. A pinned or preferred candidate not eligible is an error.
+Eligible: candidates ``accepted`` and timed without error at every shape. Each other candidate's
+time ratio to the torch.nn default is the median of its paired rounds' ratios, with its interval
+(``repetitions.Ratio``: a round's ratio is the geometric mean over the shapes, or with a model's
+calls per shape the model's time in the slot). The default keeps the slot unless a candidate's
+whole interval is below ``1 / (1 + 5 %)``: then the lowest ratio of those wins (ties: declared
+first); one whose interval straddles that boundary is *undecided*, and the default is kept, said
+as such. ``--pin`` forces an accepted candidate; ``--prefer`` takes it when accepted and not
+decided slower beyond the margin; ``--deterministic`` keeps only bitwise repeatable ones; Triton
+kernels that ran interpreted are never eligible. A pinned or preferred candidate not eligible is
+an error.
 """
 
 from __future__ import annotations
@@ -23,6 +22,7 @@ from typing import Any, Literal
 from kernel_probe.errors import ForcedUnusable, ProbeError, UsageError
 from kernel_probe.isolation.protocol import INTERPRETED
 from kernel_probe.probe import repetitions
+from kernel_probe.probe.repetitions import Ratio
 from kernel_probe.probe.report import Report
 
 How = Literal["fastest", "default", "pinned", "preferred"]  # how a slot's implementation was chosen
@@ -41,31 +41,22 @@ class Choice:
     reason: str
     scores: dict[str, float] = field(default_factory=dict)
     weighted: bool = False  # the scores are of a model's time in the slot (calls x median)
+    ratios: dict[str, Ratio] = field(default_factory=dict)  # each other candidate's, to the default
 
 
-def clears_margin(score: float, spread: float) -> bool:
-    """Does a time ratio to the default of ``score`` replace it (``spread``: the larger of the
-    two's relative spreads)?
+def acceptable(ratio: repetitions.Ratio) -> bool:
+    """Is a preferred candidate taken over the default: not decided slower beyond the margin (no
+    interval: its ratio is not beyond it)?
 
-    >>> clears_margin(0.9, 0.0)  # 1.11x faster: beyond the 5 % margin
-    True
-    >>> clears_margin(0.96, 0.0)  # 1.04x faster: timing noise could do that
-    False
-    >>> clears_margin(0.9, 0.08)  # a spread of 8 % makes the margin 16 %: 1.11x is not enough
-    False
-    """
-    return score <= 1 / (1 + repetitions.margin(spread))
-
-
-def within_margin(score: float, spread: float) -> bool:
-    """Is a preferred candidate taken over the default: not slower by more than the margin?
-
-    >>> within_margin(1.04, 0.0), within_margin(1.06, 0.0)  # 4 % slower: taken; 6 %: not
+    >>> from kernel_probe.probe.repetitions import Ratio
+    >>> acceptable(Ratio(1.04, (1.02, 1.06), 6)), acceptable(Ratio(1.2, (1.1, 1.3), 6))
     (True, False)
-    >>> within_margin(1.06, 0.05)  # noisier timings: a margin of 10 %
-    True
+    >>> acceptable(Ratio(1.04, None, 1)), acceptable(Ratio(1.06, None, 1))
+    (True, False)
     """
-    return score <= 1 + repetitions.margin(spread)
+    if ratio.interval is None:
+        return ratio.ratio <= 1 + repetitions.MIN_MARGIN
+    return ratio.verdict != "slower"
 
 
 def _ok_timings(rows: Rows | None, shapes: Sequence[str]) -> bool:
@@ -103,27 +94,22 @@ def _ratios(rows: Rows, base_rows: Rows, shapes: Sequence[str]) -> dict[str, flo
     return {s: by[s]["median_ms"] / base[s]["median_ms"] for s in shapes}
 
 
-def _score(
-    rows: Rows, base_rows: Rows, shapes: Sequence[str], weights: Weights = None
-) -> tuple[float, float]:
-    """(the time ratio to the default, the larger relative spread seen): with ``weights`` (a
-    model's calls per shape), the ratio of the model's time in the slot, sum(calls x median); else
-    the geometric mean over the shapes."""
+def _score(rows: Rows, base_rows: Rows, shapes: Sequence[str], weights: Weights = None) -> float:
+    """The ratio of the medians to the default's: with ``weights`` (a model's calls per shape), of
+    the model's time in the slot, sum(calls x median); else the geometric mean over the shapes."""
     by, base = {r["shape"]: r for r in rows}, {r["shape"]: r for r in base_rows}
-    spread = max([0.0] + [t[s].get("spread", 0.0) for s in shapes for t in (by, base)])
     if weights:
         total = sum(weights.get(s, 0) * by[s]["median_ms"] for s in shapes)
-        return total / sum(weights.get(s, 0) * base[s]["median_ms"] for s in shapes), spread
+        return total / sum(weights.get(s, 0) * base[s]["median_ms"] for s in shapes)
     logs = [math.log(r) for r in _ratios(rows, base_rows, shapes).values()]
-    return math.exp(sum(logs) / len(logs)), spread
+    return math.exp(sum(logs) / len(logs))
 
 
-def beats_default(rows: Rows | None, base_rows: Rows | None, shapes: Sequence[str]) -> bool:
-    """Whether a candidate's timing rows beat the default's (False where either lacks a shape)."""
-    if not _ok_timings(rows, shapes) or not _ok_timings(base_rows, shapes):
-        return False
-    assert rows is not None and base_rows is not None
-    return clears_margin(*_score(rows, base_rows, shapes))
+def _ratio(rows: Rows, base_rows: Rows, shapes: Sequence[str], weights: Weights) -> Ratio:
+    """The paired rounds' ratio; without pairs (a candidate timed apart) the medians', with no
+    interval: undecided."""
+    paired = repetitions.paired(rows, shapes, weights)
+    return paired or Ratio(_score(rows, base_rows, shapes, weights), None, 0)
 
 
 def choose(
@@ -196,7 +182,7 @@ def _choose(
         best = min(
             eligible,
             key=lambda r: (
-                _score(timings[r.id], timings[base.id], shapes, weights)[0],
+                _score(timings[r.id], timings[base.id], shapes, weights),
                 eligible.index(r),
             ),
         )
@@ -204,21 +190,24 @@ def _choose(
         why = "not accepted here"
         why = "not deterministic here (--deterministic)" if deterministic and default_was else why
         reason = f"{best.id} fastest accepted candidate; the default {default_id} was {why}"
+        if len(eligible) == 1:
+            reason = f"{best.id} the only candidate accepted and timed; the default {default_id} "
+            reason += f"was {why}: nothing was compared"
         return Choice(slot, best, "fastest", reason)
     scored = {
-        r.id: _score(timings[r.id], timings[default.id], shapes, weights)
+        r.id: _ratio(timings[r.id], timings[default.id], shapes, weights)
         for r in eligible
         if r is not default
     }
-    scores = {r.id: scored[r.id][0] if r is not default else 1.0 for r in eligible}
+    scores = {r.id: scored[r.id].ratio if r is not default else 1.0 for r in eligible}
     for cid in prefers:
         if cid == default.id:
             said = f"{cid} preferred by {origin or '--prefer'}"
-            return Choice(slot, default, "preferred", said, scores)
-        if cid in scored and within_margin(*scored[cid]):
-            said = f"{cid} preferred by {origin or '--prefer'} ({1 / scores[cid]:.2f}x the "
-            said += "default's speed)"
-            return Choice(slot, by_id[cid], "preferred", said, scores)
+            return Choice(slot, default, "preferred", said, scores, ratios=scored)
+        if cid in scored and acceptable(scored[cid]):
+            said = f"{cid} preferred by {origin or '--prefer'} (not slower than the default "
+            said += f"beyond the margin: {scored[cid].said()})"
+            return Choice(slot, by_id[cid], "preferred", said, scores, ratios=scored)
     over = _over(shapes, dtype, weights)
     return _fastest_or_default(
         slot, reports, eligible, default, timings, shapes, dtype, scored, over
@@ -276,33 +265,60 @@ def _fastest_or_default(
     timings: Mapping[str, Rows],
     shapes: list[str],
     dtype: str,
-    scored: Mapping[str, tuple[float, float]],
+    scored: Mapping[str, Ratio],
     over: str,
 ) -> Choice:
-    """The fastest candidate clearing the margin, else the default, and why (``over``: what the
-    score is over, ``_over``)."""
-    scores = {r.id: scored[r.id][0] if r is not default else 1.0 for r in eligible}
+    """The fastest candidate decided faster, else the default, and why (``over``: what the ratio
+    is over, ``_over``)."""
+    scores = {r.id: scored[r.id].ratio if r is not default else 1.0 for r in eligible}
     others = [r for r in eligible if r is not default]
-    clear = [
-        (scores[r.id], i, r)
-        for i, r in enumerate(eligible)
-        if r.id in scored and clears_margin(*scored[r.id])
-    ]
+    ratios = dict(scored)
+    clear = [(scores[r.id], i, r) for i, r in enumerate(others) if scored[r.id].verdict == "faster"]
     if clear:
         score, _, best = min(clear, key=lambda t: (t[0], t[1]))
-        reason = f"{best.id} {1 / score:.2f}x faster than {default.id} {over}"
-        return Choice(slot, best, "fastest", reason, scores)
+        reason = f"{best.id} {1 / score:.2f}x faster than {default.id} {over}: "
+        return Choice(slot, best, "fastest", reason + scored[best.id].said(), scores, ratios=ratios)
     if not others:
         rejected = [r for r in reports if r.status != "accepted"]
         note = f"no other candidate was accepted ({len(rejected)} not accepted)"
         note = note if rejected else "no other candidate"
-        return Choice(slot, default, "default", f"{default.id} is the default; {note}", scores)
-    fastest = min(others, key=lambda r: (scores[r.id], eligible.index(r)))
-    s = scores[fastest.id]
-    if s >= 1:
-        ratios = _ratios(timings[fastest.id], timings[default.id], shapes)
-        shape = max(ratios, key=lambda k: abs(math.log(ratios[k])))  # the worst
-        detail = f"{fastest.id} {ratios[shape]:.2f}x slower at {shape} {dtype}"
+        reason = f"{default.id} is the default; {note}: nothing was compared, so nothing decided"
+        return Choice(slot, default, "default", reason, scores)
+    undecided = [r for r in others if scored[r.id].verdict == "undecided"]
+    closest = min(undecided or others, key=lambda r: (scores[r.id], eligible.index(r)))
+    said, margin = scored[closest.id].said(), f"{repetitions.MIN_MARGIN:.0%}".replace("%", " %")
+    if undecided:
+        detail = f"undecided (keeping the default): {closest.id} {over}: {said}"
+        detail += f" straddles the {margin} margin" if scored[closest.id].interval else ""
     else:
-        detail = f"{fastest.id} only {1 / s:.2f}x faster, inside the noise margin"
-    return Choice(slot, default, "default", f"{default.id} is the default; {detail}", scores)
+        verdict = scored[closest.id].verdict
+        words = {"same": f"the same speed within {margin}", "slower": "slower"}
+        detail = f"{closest.id} {words.get(verdict, f'not faster by the {margin} margin')} {over}"
+        detail += f": {said}"
+    reason = f"{default.id} is the default; {detail}"
+    return Choice(slot, default, "default", reason, scores, ratios=ratios)
+
+
+def load_warnings(
+    choices: Mapping[str, Choice], timings: Mapping[str, Mapping[str, Rows]]
+) -> list[str]:
+    """A line per slot whose candidates were compared while other processes were busy: the paired
+    rounds share the load, but it can still sway a choice (and it leaves some undecided)."""
+    out = []
+    for slot, choice in choices.items():
+        rows = [row for rows in timings.get(slot, {}).values() for row in rows or ()]
+        busy = max((int(r.get("busy_processes", 0)) for r in rows), default=0)
+        busy += max((int(r.get("gpu_processes", 0)) for r in rows), default=0)
+        if not choice.ratios or busy < 1:
+            continue
+        load = max(float(r.get("load_average", 0.0)) for r in rows)
+        undecided = sorted(k for k, r in choice.ratios.items() if r.verdict == "undecided")
+        what = f"it left {', '.join(undecided)} undecided" if undecided else "a close call"
+        what += " may differ on an idle machine" if not undecided else ""
+        out.append(
+            f"{slot} was timed while {busy} other process{'es were' if busy > 1 else ' was'} busy "
+            f"(a tenth of a core or more, or computing on the GPU; load average {load:.1f}): the "
+            f"paired rounds share that load, but {what}; probe on a quiet machine (or the job's "
+            "own nodes) to be sure"
+        )
+    return out

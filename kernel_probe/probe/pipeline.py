@@ -22,7 +22,7 @@ from kernel_probe import slots as slot_behaviour
 from kernel_probe.candidates import Candidate, default_for, for_slot, local_modules
 from kernel_probe.errors import InputFileError, StaleLock, TooLarge
 from kernel_probe.probe import stale
-from kernel_probe.probe.choose import Choice, choose
+from kernel_probe.probe.choose import Choice, choose, load_warnings
 from kernel_probe.probe.judge import Policy
 from kernel_probe.probe.modelcheck import FLAG, checked
 from kernel_probe.probe.planning import Events, Plan, ProbeRequest, SlotRule, large_shape_warning
@@ -198,8 +198,9 @@ def probe(p: Plan, events: Events | None = None) -> ProbeResult:
     )
     fixed = request.reps is not None  # --reps N: N calls for every accepted candidate
     timing = Timing(
-        tuple(p.shapes), p.dtype, p.regime, p.reps, events.timing, timed_at=p.timed_at, fixed=fixed
-    )
+        tuple(p.shapes), p.dtype, p.regime, p.reps, events.timing,
+        timed_at=p.timed_at, fixed=fixed, weights=p.weights,
+    )  # fmt: skip
     # the lock: set below by build_lock, so a returned ProbeResult always has one
     result = ProbeResult(request.out, None, False, p)  # type: ignore[arg-type]
     result.reports, result.timings = {s: [] for s in p.slots}, {s: {} for s in p.slots}
@@ -224,6 +225,8 @@ def probe(p: Plan, events: Events | None = None) -> ProbeResult:
         for line in b.notes(p.device["type"], p.dtype, result.timings[name]):
             events.note(line)
     result.choices = choose_all(p, result.reports, result.timings)
+    for line in load_warnings(result.choices, result.timings):
+        events.warn(line)
     graph = for_probe(
         request, p.device["type"], [d for d, _ in rows], fingerprint, p.deterministic, events.note
     )

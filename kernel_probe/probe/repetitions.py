@@ -1,30 +1,32 @@
-"""How many timed calls a candidate gets: only as many as can change the slot's choice.
+"""How a slot's candidates are timed against its default: paired rounds, and what they decide.
 
-``choose`` keeps the default unless a candidate is faster by more than the margin, ``max(5 %, 2 x
-the larger relative spread)``. So a **sole** accepted candidate gets one measured call after its
-check at the shape (that first call, when it took ``SOLE_SECOND_CALL_BELOW_S`` or more); the
-**default** is timed first, as usual; every **other** is repeated until the sequential test decides
-it, its share of the slot's budget is spent, or at ``MAX_FACTOR`` x the default's count; one whose
-first call is ``FAR_SLOWER`` x (1 + margin) x the default's median is not repeated.
-
-**The sequential test** (``decided``): from ``MIN_REPS`` calls, the medians' distribution-free
-intervals (``LEVEL``) bound the time ratio; decided once that excludes ``1 / (1 + m)`` and ``1 +
-m``, at the samples' margin ``m`` and at the smallest (a spread of four calls is noisy itself).
+A **sole** accepted candidate gets one measured call after its check at the shape (that first call,
+when it took ``SOLE_SECOND_CALL_BELOW_S`` or more): there is nothing to compare, so nothing is
+decided. With several, each other candidate is timed in **paired rounds** against the default: a
+block of calls of one, then of the other, on the same seeded inputs, the order swapped every round,
+so load that comes and goes hits both alike. A round's **ratio** is the candidate's block median
+over the default's (with a model's calls per shape, the model's time in the slot; else the
+geometric mean over the shapes). The decision is on the median of the rounds' ratios and its
+distribution-free interval (``LEVEL``; order statistics, ``median_interval``): rounds go on, from
+``MIN_ROUNDS``, until the interval excludes both boundaries ``1 / (1 + MIN_MARGIN)`` and ``1 +
+MIN_MARGIN``, or ``MAX_ROUNDS`` or the slot's budget ends them (``undecided``).
 """
 
 from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
 
-MIN_MARGIN = 0.05  # the smallest margin a choice is made by (choose.py's rule)
-MIN_REPS = 4  # calls before the test may decide (and the fewest that give a spread)
-LEVEL = 0.8  # of each median's confidence interval
-FAR_SLOWER = 2.0  # a first call slower than this x (1 + margin) x the default's: not repeated
+MIN_MARGIN = 0.05  # the smallest gain a choice is made for: ties go to the default
+LEVEL = 0.98  # of the interval of the rounds' median ratio
+MIN_ROUNDS = 7  # paired rounds before an interval exists (7: the extremes, at 98.4 %)
+MAX_ROUNDS = 12  # rounds stop here at the latest
 SOLE_SECOND_CALL_BELOW_S = 1.0  # a sole candidate's first call under this: one more is measured
-MAX_FACTOR = 4  # repetitions stop at this x the default's count at the latest
-SLOT_BUDGET_S = {"cpu": 20.0, "gpu": 20.0}  # per slot, of timed calls (first calls, warm-ups count)
+SLOT_BUDGET_S = {"cpu": 20.0, "gpu": 20.0}  # per slot, of timed calls (first calls count)
+Verdict = Literal["faster", "same", "slower", "not faster", "undecided"]
 
 
 def spread(samples: Sequence[float]) -> float:
@@ -35,15 +37,13 @@ def spread(samples: Sequence[float]) -> float:
     return (q[2] - q[0]) / max(statistics.median(samples), 1e-12)
 
 
-def margin(*spreads: float) -> float:
-    """The choice's margin for two candidates whose timings have these relative spreads.
+def block(reps: int) -> int:
+    """The calls of one block of a round: the count asked over ``MIN_ROUNDS``, at least one.
 
-    >>> margin(0.01, 0.02)  # quiet timings: the 5 % minimum
-    0.05
-    >>> margin(0.01, 0.04)  # twice the larger spread
-    0.08
+    >>> block(5), block(20), block(1)
+    (1, 2, 1)
     """
-    return max(MIN_MARGIN, 2 * max(spreads, default=0.0))
+    return max(1, reps // MIN_ROUNDS)
 
 
 def median_interval(samples: Sequence[float], level: float = LEVEL) -> tuple[float, float] | None:
@@ -63,36 +63,88 @@ def median_interval(samples: Sequence[float], level: float = LEVEL) -> tuple[flo
     return ordered[k - 1], ordered[n - k]
 
 
-def ratio_interval(
-    samples: Sequence[float], baseline: Sequence[float]
-) -> tuple[float, float] | None:
-    """An interval for median(samples) / median(baseline): both medians' intervals combined."""
-    own, base = median_interval(samples), median_interval(baseline)
-    if own is None or base is None or base[0] <= 0:
+@dataclass(frozen=True)
+class Ratio:
+    """A candidate's time over the default's from paired rounds: the median of the rounds' ratios,
+    its interval (None under ``MIN_ROUNDS``) and the number of rounds."""
+
+    ratio: float
+    interval: tuple[float, float] | None
+    rounds: int
+
+    @property
+    def verdict(self) -> Verdict:
+        """What the interval says against the boundaries ``1 / (1 + m)`` and ``1 + m``.
+
+        >>> Ratio(0.8, (0.78, 0.83), 6).verdict, Ratio(0.99, (0.97, 1.02), 6).verdict
+        ('faster', 'same')
+        >>> Ratio(0.5, (0.05, 1.2), 6).verdict, Ratio(0.5, None, 2).verdict
+        ('undecided', 'undecided')
+        >>> Ratio(1.2, (1.1, 1.3), 6).verdict, Ratio(1.02, (0.97, 1.2), 6).verdict
+        ('slower', 'not faster')
+        """
+        if self.interval is None:
+            return "undecided"
+        low, high = self.interval
+        fast, slow = 1 / (1 + MIN_MARGIN), 1 + MIN_MARGIN
+        if high < fast:
+            return "faster"
+        if low > slow:
+            return "slower"
+        if low < fast:
+            return "undecided"  # it may be faster by the margin, or not
+        return "same" if high < slow else "not faster"
+
+    @property
+    def decided(self) -> bool:
+        """Whether the interval is on one side of the faster boundary (more rounds: no change)."""
+        return self.verdict != "undecided"
+
+    def said(self) -> str:
+        """The ratio with its interval, for a reason line.
+
+        >>> Ratio(0.76, (0.72, 0.8), 6).said()
+        'time ratio 0.76 (98 % interval 0.72-0.80, 6 paired rounds)'
+        """
+        rounds = f"{self.rounds} paired round{'s' if self.rounds != 1 else ''}"
+        if not self.rounds:
+            return f"time ratio {self.ratio:.2f} of the medians (no paired rounds: no interval)"
+        if self.interval is None:
+            return f"time ratio {self.ratio:.2f} ({rounds}: too few for an interval)"
+        low, high = self.interval
+        level = f"{LEVEL:.0%}".replace("%", " %")
+        return f"time ratio {self.ratio:.2f} ({level} interval {low:.2f}-{high:.2f}, {rounds})"
+
+
+Rows = Sequence[Mapping[str, Any]]
+
+
+def round_ratios(
+    rows: Rows, shapes: Sequence[str], weights: Mapping[str, int] | None
+) -> list[float]:
+    """Each round's ratio from a candidate's rows (their ``pairs``: per round, the default's block
+    median and the candidate's, ms): the model's time in the slot with ``weights``, else the
+    geometric mean over the shapes; [] where a shape has no pairs."""
+    by = {r["shape"]: r.get("pairs") or [] for r in rows if "error" not in r}
+    if not shapes or any(not by.get(s) for s in shapes):
+        return []
+    out = []
+    for i in range(min(len(by[s]) for s in shapes)):
+        if weights:
+            own = sum(weights.get(s, 0) * by[s][i][1] for s in shapes)
+            out.append(own / max(sum(weights.get(s, 0) * by[s][i][0] for s in shapes), 1e-12))
+        else:
+            logs = [math.log(by[s][i][1] / by[s][i][0]) for s in shapes]
+            out.append(math.exp(sum(logs) / len(logs)))
+    return out
+
+
+def paired(
+    rows: Rows, shapes: Sequence[str], weights: Mapping[str, int] | None = None
+) -> Ratio | None:
+    """The candidate's ``Ratio`` to the default from its paired rounds; None without any."""
+    ratios = round_ratios(rows, shapes, weights)
+    if not ratios:
         return None
-    return own[0] / base[1], own[1] / base[0]
-
-
-def decided(samples: Sequence[float], baseline: Sequence[float]) -> bool:
-    """Whether the samples so far decide the candidate against the default (module docstring)."""
-    if len(samples) < MIN_REPS:
-        return False
-    interval = ratio_interval(samples, baseline)
-    if interval is None:
-        return False
-    lo, hi = interval
-    return not any(lo <= boundary <= hi for boundary in boundaries(samples, baseline))
-
-
-def boundaries(samples: Sequence[float], baseline: Sequence[float]) -> tuple[float, ...]:
-    """The time ratios where the choice changes, at the samples' margin and at the smallest."""
-    m = margin(spread(samples), spread(baseline))
-    return tuple(sorted({1 / (1 + m), 1 + m, 1 / (1 + MIN_MARGIN), 1 + MIN_MARGIN}))
-
-
-def far_slower(first: float, baseline: Sequence[float]) -> bool:
-    """Whether one timed call is so much slower than the default that no repetition can matter."""
-    if not baseline:
-        return False
-    m = margin(spread(baseline))
-    return first > FAR_SLOWER * (1 + m) * statistics.median(baseline)
+    interval = median_interval(ratios) if len(ratios) >= MIN_ROUNDS else None
+    return Ratio(statistics.median(ratios), interval, len(ratios))

@@ -25,13 +25,12 @@ from kernel_probe.isolation.protocol import TimeReply, TimingProgressMessage, Ti
 from kernel_probe.probe import atshape, measure, onetensor, repetitions
 from kernel_probe.shapes import parse_shape
 
-# check: the check at each timed shape (atshape; off only to measure its cost). mode
-# (repetitions): "fixed" (``reps`` calls, more until ``min_seconds``, at most ``max_reps``), "sole"
-# (one measured call), "adaptive" (without ``against``: ``reps`` calls; with the default's samples
-# per shape: until the sequential test decides, or ``budget_s`` for all shapes is spent)
+# check: the check at each timed shape (atshape; off only to measure its cost, and in the later
+# rounds of a paired timing). mode: "fixed" (``reps`` calls, more until ``min_seconds``, at most
+# ``max_reps``: one block of a round, repetitions.py), "sole" (one measured call)
 DEFAULT_OPTIONS: dict[str, Any] = {"warmup": 3, "reps": 20, "min_seconds": 0.2, "max_reps": 200}
-DEFAULT_OPTIONS |= {"check": True, "mode": "fixed", "against": None, "budget_s": None}
-MODES = ("fixed", "sole", "adaptive")
+DEFAULT_OPTIONS |= {"check": True, "mode": "fixed"}
+MODES = ("fixed", "sole")
 TIMED_INPUT_SEED = 0  # the timed inputs' seed (and so the data the check at the shape sees)
 Tick = Callable[[str, int, int], None]
 
@@ -75,15 +74,11 @@ def repeat(
     opts: Mapping[str, Any],
     tick: Tick | None = None,
     checked: Callable[[], None] | None = None,
-    against: list[float] | None = None,
-    deadline: float | None = None,
 ) -> tuple[list[float], str]:
     """Warm-up calls, then timed repetitions; ``tick(phase, done, total)`` after each call.
     ``checked``: the last warm-up call (none: after the repetitions). Returns the samples and how
-    their number was decided (the lock's ``timed``); adaptive, ``against`` (the default's samples
-    here) makes them sequential and ``deadline`` (perf_counter) ends them."""
+    their number was decided (the lock's ``timed``)."""
     warmup, reps, max_reps = int(opts["warmup"]), int(opts["reps"]), int(opts["max_reps"])
-    adaptive = opts.get("mode") == "adaptive"
     for i in range(warmup):
         (checked if checked is not None and i == warmup - 1 else fn)()
         if tick:
@@ -91,34 +86,16 @@ def repeat(
     clock.sync()
     samples: list[float] = []
     t_end = time.perf_counter() + float(opts["min_seconds"])
-    how = "fixed"
-    if adaptive:
-        how = "baseline" if against is None else "max-reps"
-        max_reps = max_reps if against is None else min(max_reps, repetitions.MAX_FACTOR * reps)
     while True:
         samples.append(clock.time(fn))
         n = len(samples)
         if tick:
-            tick("rep", n, max(reps, n) if not adaptive or against is None else max_reps)
-        enough = n >= reps and (time.perf_counter() >= t_end or n >= max_reps)
-        if not adaptive:
-            if enough:
-                break
-            continue
-        if against is not None and n == 1 and repetitions.far_slower(samples[0], against):
-            how = "far slower"
-            break
-        if against is not None and repetitions.decided(samples, against):
-            how = "decided"
-            break
-        if (against is None and enough) or n >= max_reps:
-            break
-        if deadline is not None and time.perf_counter() >= deadline:
-            how = "budget"
+            tick("rep", n, max(reps, n))
+        if n >= reps and (time.perf_counter() >= t_end or n >= max_reps):
             break
     if checked is not None and warmup == 0:
         checked()
-    return samples, how
+    return samples, "fixed"
 
 
 def timed_calls(
@@ -126,16 +103,23 @@ def timed_calls(
     opts: Mapping[str, Any],
     tick: Tick | None,
     row: TimingRow,
-    step: Callable[[], None],
+    mixed: tuple[str, Any] | None,
+    bare: Callable[[], None],
 ) -> TimingRow:
-    """A step slot's calls at ``row``'s shape (first, then sole or ``repeat``'s), into the row."""
+    """A step slot's calls at ``row``'s shape (first, then sole or ``repeat``'s), into the row;
+    ``mixed``: each under autocast to (device type, dtype)."""
+
+    def step() -> None:
+        with measure.autocasting(mixed):
+            bare()
+
     row["compile_s"] = _first_call(clock, step, tick)
     if opts.get("mode") == "sole":  # the slot's one accepted candidate: one measured call
         samples, how = [clock.time(step)], "sole candidate"
         if tick is not None:
             tick("rep", 1, 1)
     else:
-        samples, how = repeat(clock, step, opts, tick, against=_against(opts, row["shape"]))
+        samples, how = repeat(clock, step, opts, tick)
     row["median_ms"] = 1e3 * sorted(samples)[len(samples) // 2]
     row["spread"] = repetitions.spread(samples)
     row["reps"] = len(samples)
@@ -151,10 +135,6 @@ def _first_call(clock: _Clock, step: Callable[[], None], tick: Tick | None) -> f
     if tick is not None:
         tick("first call", 1, 1)
     return time.perf_counter() - t0
-
-
-def _against(opts: Mapping[str, Any], shape: str) -> list[float] | None:
-    return (opts.get("against") or {}).get(shape) if opts.get("mode") == "adaptive" else None
 
 
 def progress_message(
@@ -195,18 +175,25 @@ def step_rows(
     options: Mapping[str, Any],
     progress: Callable[[TimingProgressMessage], None] | None,
     run_shape: Callable[[str, Callable[[Callable[[], None]], TimingRow]], None],
+    regime: str = "true",
 ) -> TimeReply:
     """One row per shape for a slot timing one fwd+bwd step: ``run_shape(shape, timed)`` builds the
     step and calls ``timed(step)`` (``timed_calls``), which returns the row for its own figures;
-    what it raises is the row's error."""
+    what it raises is the row's error. The inputs it draws from torch's generator are seeded
+    (``TIMED_INPUT_SEED``: every candidate, every round the same); ``regime`` "mixed": each call
+    runs under autocast, as a mixed-precision model's does."""
     opts = {**DEFAULT_OPTIONS, **options}
     clock = _Clock(device)
+    mixed = (torch_device(device), measure.torch_dtype(dtype_name)) if regime == "mixed" else None
     rows: list[TimingRow] = []
     for index, text in enumerate(shapes):
-        row = TimingRow(implementation=cand_id, shape=text, dtype=dtype_name, regime="true")
+        row = TimingRow(implementation=cand_id, shape=text, dtype=dtype_name, regime=regime)
         tick = ticker(progress, text, index, len(shapes))
+        cuda = [torch.cuda.current_device()] if torch_device(device) == "cuda" else []
         try:
-            run_shape(text, functools.partial(timed_calls, clock, opts, tick, row))
+            with torch.random.fork_rng(devices=cuda):
+                torch.manual_seed(TIMED_INPUT_SEED)
+                run_shape(text, functools.partial(timed_calls, clock, opts, tick, row, mixed))
         except Exception as exc:  # OOM at the model's shape, a kernel that refuses the size, ...
             row["error"] = measure.first_line(exc, 400)
         rows.append(row)
@@ -232,7 +219,6 @@ def time_candidate(
         raise ValueError(f"timing mode {opts['mode']!r}: expected one of {', '.join(MODES)}")
     dtype = measure.torch_dtype(dtype_name)
     run = _Run(cand, slot, device, dtype, regime == "mixed", opts, _Clock(device), canonical)
-    budget, started = opts.get("budget_s"), time.perf_counter()
     rows: list[TimingRow] = []
     with contextlib.ExitStack() as stack:
         try:
@@ -243,15 +229,10 @@ def time_candidate(
             ]
             return TimeReply(candidate=cand.id, device=device, rows=rows)
         for index, shape in enumerate(shapes):
-            # the budget's share of this shape: what is left, split over the shapes still to time
-            deadline = None
-            if budget is not None:
-                left = started + float(budget) - time.perf_counter()
-                deadline = time.perf_counter() + left / (len(shapes) - index)
             row = _where(cand, shape, dtype_name, regime)
             tick = ticker(progress, shape, index, len(shapes))
             try:
-                row.update(_time_shape(run, shape, tick, deadline))
+                row.update(_time_shape(run, shape, tick))
             except Exception as exc:  # OOM at the model's shape, a kernel refusing the size, ...
                 row["error"] = measure.first_line(exc, 400)
             finally:
@@ -282,7 +263,7 @@ class _Run:
     copy_gbps: dict[int, float] = field(default_factory=dict)  # by bytes: a copy's bandwidth
 
 
-def _time_shape(run: _Run, shape: str, tick: Tick | None, deadline: float | None) -> TimingRow:
+def _time_shape(run: _Run, shape: str, tick: Tick | None) -> TimingRow:
     """Forward+backward timing of one candidate at one shape; its buffers are freed on return."""
     s = _Shape(run, shape)
     row: TimingRow = {}
@@ -314,8 +295,7 @@ def _time_shape(run: _Run, shape: str, tick: Tick | None, deadline: float | None
         samples, how = timed, "sole candidate"
     else:
         row["compile_s"] = round(_first_call(clock, s.step, tick), 4)
-        against = _against(opts, shape)
-        samples, how = repeat(clock, s.step, opts, tick, checked, against, deadline)
+        samples, how = repeat(clock, s.step, opts, tick, checked)
     return _figures(run, s, row, samples, how)
 
 

@@ -26,6 +26,7 @@ from kernel_lock.slots import SPECS
 from kernel_probe import __version__
 from kernel_probe import slots as slot_behaviour
 from kernel_probe.errors import ProbeError, UsageError
+from kernel_probe.probe import repetitions
 from kernel_probe.probe.choose import Choice
 from kernel_probe.probe.report import Report
 from kernel_probe.probe.tolerance import judge_shape
@@ -90,6 +91,7 @@ def _evidence(report: Report) -> list[dict[str, Any]]:
 # timing row keys the lock records as they are (rounded to 4, 2 or 3 digits), besides the error
 _TIMED = {"median_ms": 4, "spread": 2, "gbps": 4, "compile_s": 3}
 _IF_TIMED = {"reps": None, "timed": None, "copy_percent": 3, "tflops": 4}
+_IF_TIMED |= {"load_average": 3, "busy_processes": None, "gpu_processes": None}
 
 
 def _timing(rows: list[Mapping[str, Any]]) -> list[dict[str, Any]]:
@@ -110,6 +112,7 @@ def _timing(rows: list[Mapping[str, Any]]) -> list[dict[str, Any]]:
                     )
             if "peak_bytes" in r:  # Attention on a GPU: peak memory of one fwd+bwd
                 row["peak-bytes"] = int(r["peak_bytes"])
+            row.update(_paired(r))
         if "check" in r:  # the check at this shape against float64
             verdict = judge_shape(r["shape"], r["dtype"], r["regime"], r["check"])
             row["checked-rows"] = verdict.sampled
@@ -117,6 +120,17 @@ def _timing(rows: list[Mapping[str, Any]]) -> list[dict[str, Any]]:
                 row["worst-error-ratio"] = _round(verdict.worst_ratio, 3)
         out.append(row)
     return out
+
+
+def _paired(row: Mapping[str, Any]) -> dict[str, Any]:
+    """A row's ratio to the default at its shape from its paired rounds, with the interval."""
+    got = repetitions.paired([row], [row["shape"]]) if row.get("pairs") else None
+    if got is None:
+        return {}
+    out: dict[str, Any] = {"ratio": _round(got.ratio, 3)}
+    if got.interval is not None:
+        out["interval"] = [_round(x, 3) for x in got.interval]
+    return out | {"rounds": got.rounds}
 
 
 def build_lock(
@@ -218,17 +232,20 @@ def trusted_roots(candidates: Iterable[Any]) -> tuple[str, ...]:
 def _rejection_reasons(report: Report, choice: Choice) -> list[str]:
     if report.status != "accepted":
         return list(report.reasons) or [report.status]
-    score = choice.scores.get(report.id)
+    score, ratio = choice.scores.get(report.id), choice.ratios.get(report.id)
     if score is None:
         return ["accepted, not timed"] if not report.reasons else report.reasons
-    if score >= 1.0:
-        over = (
-            "the model's time in the slot" if choice.weighted else "geometric mean over the shapes"
-        )
+    over = "the model's time in the slot" if choice.weighted else "geometric mean over the shapes"
+    if ratio is None:  # the default itself, or no default to compare with
         return [f"accepted; {score:.2f}x the default's time ({over})"]
+    said = f"accepted; {ratio.verdict}: {ratio.said()} against the default ({over})"
     return [
-        f"accepted; {1 / score:.2f}x faster than the default, but {choice.report.id} was "
-        f"chosen ({choice.how})"
+        said
+        + (
+            f", but {choice.report.id} was chosen ({choice.how})"
+            if ratio.verdict == "faster"
+            else ""
+        )
     ]
 
 

@@ -282,6 +282,7 @@ def time_candidate(
     dtype_name: str,
     options: Mapping[str, Any],
     progress: Callable[[TimingProgressMessage], None] | None = None,
+    regime: str = "true",
     **_: Any,
 ) -> TimeReply:
     """fwd+bwd at each shape (``ROWSxHIDDEN``: the activation applied to rows x hidden elements; a
@@ -302,7 +303,9 @@ def time_candidate(
         # x read, y written forward; x and grad_out read, dx written backward
         row["gbps"] = 5 * x.numel() * x.element_size() / (row["median_ms"] / 1e3) / 1e9
 
-    return timing.step_rows(cand.id, device, shapes, dtype_name, options, progress, run_shape)
+    return timing.step_rows(
+        cand.id, device, shapes, dtype_name, options, progress, run_shape, regime
+    )
 
 
 def tiny_call(cand: Candidate, device: str) -> None:

@@ -430,6 +430,7 @@ def time_candidate(
     options: Mapping[str, Any],
     canonical_overrides: Mapping[str, Any] | None = None,
     progress: Callable[[protocol.TimingProgressMessage], None] | None = None,
+    regime: str = "true",
     **_: Any,
 ) -> protocol.TimeReply:
     """fwd+bwd per geometry (``timing.step_rows``); on a GPU, peak memory."""
@@ -466,4 +467,6 @@ def time_candidate(
         if tdev == "cuda":
             row["peak_bytes"] = int(torch.cuda.max_memory_allocated())
 
-    return timing.step_rows(cand.id, device, geometries, dtype_name, options, progress, run_shape)
+    return timing.step_rows(
+        cand.id, device, geometries, dtype_name, options, progress, run_shape, regime
+    )

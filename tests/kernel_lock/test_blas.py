@@ -283,7 +283,7 @@ def test_simulated_cuda_probe_chooses_and_records_the_library(monkeypatch, tmp_p
     slot = result.lock.slots["Linear"]
     assert (
         slot.implementation == "torch.linear.cublaslt" and "faster than torch.linear" in slot.reason
-    )
+    ), (slot.reason, slot.timing)
     assert slot.extra["blas"] == blas.Blas(library="cublaslt", build_default="cublas")
     assert {t["implementation"]: t["blas"] for t in slot.timing} == {
         "torch.linear": "cublas",
@@ -298,7 +298,10 @@ def test_simulated_cuda_probe_chooses_and_records_the_library(monkeypatch, tmp_p
     text = result.lock.dumps()
     assert 'blas = { library = "cublaslt", build-default = "cublas" }' in text
     back = kernel_lock.loads(text)
-    assert back.slots["Linear"].extra["blas"] == slot.extra["blas"] and back.lock_version == "1.3"
+    assert (
+        back.slots["Linear"].extra["blas"] == slot.extra["blas"]
+        and back.lock_version == kernel_lock.LOCK_VERSION
+    )
 
 
 @pytest.mark.slow

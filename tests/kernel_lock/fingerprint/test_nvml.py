@@ -166,3 +166,18 @@ def test_no_pynvml_or_no_device(pynvml):
     assert host.nvml_devices() is None and host.nvml_primary() is None
     pynvml(fake_pynvml(uuids=[]))
     assert host.nvml_devices() is None and host.nvml_primary() is None
+
+
+def test_the_processes_computing_on_the_first_visible_gpu(pynvml, monkeypatch):
+    """What the probe's timing records as other work on the GPU (nvidia-smi's process list)."""
+    m = fake_pynvml()
+    procs = {0: [11, 12], 1: [13]}
+    m.nvmlDeviceGetComputeRunningProcesses = lambda h: [
+        types.SimpleNamespace(pid=p) for p in procs[h]
+    ]
+    pynvml(m)
+    assert host.nvml_compute_pids() == [11, 12]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", UUIDS[1])  # the second one is CUDA's first
+    assert host.nvml_compute_pids() == [13]
+    pynvml(fake_pynvml(fail="nvmlInit"))
+    assert host.nvml_compute_pids() is None  # NVML cannot say: nothing recorded

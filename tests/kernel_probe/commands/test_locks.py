@@ -167,3 +167,13 @@ def test_explain_show_verify_and_their_json_agree_on_what_each_slot_resolves_to(
             row = rf"^\s*{slot}\s+{re.escape(implementation)}\s+{re.escape(target)}\s"
             assert re.search(row, table, re.M), table
     assert seen_pinned == seen_unpinned == set(kernel_lock.SLOTS)
+
+
+def test_explain_shows_the_paired_ratio_its_interval_and_the_load(capsys, monkeypatch):
+    """Issue 56: the interval written in the lock (1.4) is shown by explain, with the load seen."""
+    monkeypatch.setenv("COLUMNS", "160")
+    lock = ROOT / "tests" / "kernel_lock" / "data" / "locks" / "build-lock-fixed-reports.toml"
+    code, out, _ = run(["explain", str(lock), "LayerNorm"], capsys)
+    assert code == 0, out
+    assert "0.91 [0.82, 1.00] x7" in out and "1.2 / 1" in out
+    assert "the median time ratio of the paired rounds" in out

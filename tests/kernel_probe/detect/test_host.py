@@ -352,3 +352,39 @@ def test_detect_site_defaults_to_this_host_and_environment(monkeypatch):
     s = host.detect_site(markers=())
     assert s["hostname"] == socket.gethostname()
     assert s["slurm"]["SLURM_JOB_ID"] == "4242"
+
+
+# ---- the load seen while a candidate is timed ----------------------------------------------------
+def test_cpu_seconds_reads_every_process_with_its_parent(tmp_path):
+    # after the name: state, ppid, pgrp, session, tty, tpgid, flags, 4 fault counts, utime, stime
+    for pid, stat in (
+        (1, "1 (init) S 0 1 1 0 -1 0 0 0 0 0 200 100 0 0"),
+        (42, "42 (a (b) c) R 1 1 1 0 -1 0 0 0 0 0 50 25 0 0"),
+    ):
+        (tmp_path / str(pid)).mkdir()
+        (tmp_path / str(pid) / "stat").write_text(stat + "\n")
+    (tmp_path / "self").mkdir()
+    got = host.cpu_seconds(str(tmp_path))
+    tick = os.sysconf("SC_CLK_TCK")
+    assert got == {1: (0, 300 / tick), 42: (1, 75 / tick)}  # a name with spaces and parentheses
+    assert host.cpu_seconds(str(tmp_path / "nowhere")) == {}
+
+
+def test_a_busy_process_outside_the_probe_is_seen_and_the_probes_own_are_not():
+    import time
+
+    load = host.Load()
+    deadline = time.perf_counter() + 0.3
+    while time.perf_counter() < deadline:  # this process is busy: it is ours, never counted
+        pass
+    seen = load.seen()
+    assert set(seen) == {"load_average", "busy_processes"} and seen["busy_processes"] >= 0
+    assert host.busy_others({}, {os.getpid(): (1, 10.0)}, 1.0) == 0
+    assert host.busy_others({}, {os.getpid() + 10**6: (1, 10.0)}, 1.0) == 1
+
+
+def test_on_a_gpu_the_other_processes_computing_there_are_seen(monkeypatch):
+    monkeypatch.setattr(fp_host, "nvml_compute_pids", lambda: [os.getpid(), 10**7])
+    assert host.Load(gpu=True).seen()["gpu_processes"] == 1  # the probe's own is not another's
+    monkeypatch.setattr(fp_host, "nvml_compute_pids", lambda: None)
+    assert "gpu_processes" not in host.Load(gpu=True).seen()  # NVML cannot say: not recorded

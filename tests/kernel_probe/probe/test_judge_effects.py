@@ -234,7 +234,7 @@ def test_choice_keeps_only_deterministic_candidates():
     reports = [report("torch.layer_norm", True), report("fast", False)]
     timings = {
         "torch.layer_norm": [{"shape": "8x8", "median_ms": 1.0}],
-        "fast": [{"shape": "8x8", "median_ms": 0.2}],
+        "fast": [{"shape": "8x8", "median_ms": 0.2, "pairs": [[1.0, 0.2]] * 7}],
     }
     assert (
         choose("LayerNorm", reports, timings, ["8x8"], "float32", "torch.layer_norm").report.id

@@ -217,7 +217,10 @@ def test_refused_by_the_profiles_allow_list(cpu, profile, cid, refused):
 
 def reports_and_timings(slot: str, semantics: str, ms: dict[str, float]):
     reports = [Report(cid, f"x.{cid}", slot, semantics, "cpu", "accepted") for cid in ms]
-    timings = {cid: [{"shape": SHAPE[0], "median_ms": t, "spread": 0.01}] for cid, t in ms.items()}
+    base = next(iter(ms.values()))  # the first is the default: the others paired with it
+    timings = {cid: [{"shape": SHAPE[0], "median_ms": t}] for cid, t in ms.items()}
+    for row in (rows[0] for rows in list(timings.values())[1:]):
+        row["pairs"] = [[base, row["median_ms"]]] * 7
     return reports, timings
 
 

@@ -1,27 +1,20 @@
-"""kernel_probe.probe.repetitions: the sequential test that ends a candidate's repetitions, and with
-it ``timing.repeat``'s adaptive mode, on synthetic candidates whose calls take known times (sleeps).
-
-The public names used: ``median_interval``, ``ratio_interval``, ``decided``, ``far_slower``,
-``margin``, ``spread``, ``MIN_REPS``, ``MAX_FACTOR``; ``timing.repeat``; ``choose.choose``.
-"""
+"""kernel_probe.probe.repetitions: the distribution-free interval of the paired rounds' median
+ratio, and what it decides (the rounds themselves: test_rounds.py)."""
 
 from __future__ import annotations
 
 import math
-import time
 
 import pytest
 
 from kernel_probe.probe import repetitions
-from kernel_probe.probe.choose import choose
-from kernel_probe.probe.report import Report
-from kernel_probe.probe.timing import _Clock, repeat
+from kernel_probe.probe.repetitions import Ratio
 
 
 # ---- the confidence interval of a median ---------------------------------------------------------
 @pytest.mark.parametrize(
     "n, k",
-    [(1, 0), (2, 0), (3, 0), (4, 1), (5, 1), (7, 2), (8, 2), (12, 4), (20, 7)],
+    [(1, 0), (2, 0), (6, 0), (7, 1), (8, 1), (10, 1), (11, 2), (12, 2), (20, 5)],
 )
 def test_the_median_interval_is_the_order_statistics_the_binomial_law_gives(n, k):
     samples = [float(i) for i in range(n, 0, -1)]  # given unsorted
@@ -37,173 +30,56 @@ def test_the_median_interval_is_the_order_statistics_the_binomial_law_gives(n, k
     assert cover <= tail < cover + math.comb(n, k) / 2**n  # the largest k that keeps the level
 
 
-def test_the_ratio_interval_combines_both_medians():
-    assert repetitions.ratio_interval([2.0, 3.0, 4.0, 5.0], [10.0, 11.0, 12.0, 13.0]) == (
-        2.0 / 13.0,
-        5.0 / 10.0,
-    )
-    # too few to say
-    assert repetitions.ratio_interval([1.0, 2.0, 3.0], [1.0, 2.0, 3.0, 4.0]) is None
+def test_an_interval_takes_min_rounds():
+    rows = [{"shape": "s", "pairs": [[1.0, 0.5]] * (repetitions.MIN_ROUNDS - 1)}]
+    assert repetitions.paired(rows, ["s"]).interval is None
+    rows[0]["pairs"].append([1.0, 0.5])
+    assert repetitions.paired(rows, ["s"]).interval == (0.5, 0.5)
 
 
-def test_the_margin_is_the_choices():
-    assert repetitions.margin() == repetitions.MIN_MARGIN == 0.05
-    assert repetitions.margin(0.01, 0.02) == 0.05
-    assert repetitions.margin(0.01, 0.2) == pytest.approx(0.4)
+def _rows(pairs_at: dict[str, list[list[float]]]) -> list[dict]:
+    return [{"shape": s, "median_ms": 1.0, "pairs": p} for s, p in pairs_at.items()]
+
+
+def test_a_rounds_ratio_is_the_geometric_mean_or_the_models_time():
+    rows = _rows({"a": [[1.0, 0.5], [2.0, 1.0]], "b": [[1.0, 2.0], [1.0, 2.0]]})
+    assert repetitions.round_ratios(rows, ["a", "b"], None) == pytest.approx([1.0, 1.0])
+    # the model calls b ten times as often: its time in the slot is mostly b's
+    weighted = repetitions.round_ratios(rows, ["a", "b"], {"a": 1, "b": 10})
+    assert weighted == pytest.approx([(0.5 + 20) / 11, (1.0 + 20) / 12])
+    assert repetitions.round_ratios(rows, ["a", "c"], None) == []  # a shape without pairs
+    assert repetitions.paired(_rows({"a": []}), ["a"]) is None
 
 
 @pytest.mark.parametrize(
-    "samples, baseline, expected",
+    "ratios, verdict",
     [
-        ([0.80, 0.81, 0.80, 0.82], [1.0, 1.01, 1.0, 0.99], True),  # clearly faster: chosen, decided
-        (
-            [0.97, 0.98, 0.97, 0.97],
-            [1.0, 1.01, 1.0, 0.99],
-            True,
-        ),  # inside the margin, surely: default, decided
-        ([1.50, 1.52, 1.49, 1.5], [1.0, 1.01, 1.0, 0.99], True),  # clearly slower
-        (
-            [0.95, 0.96, 0.94, 0.95],
-            [1.0, 1.01, 1.0, 0.99],
-            False,
-        ),  # at the margin's boundary: more samples
-        (
-            [0.80, 0.81, 0.80],
-            [1.0, 1.01, 1.0, 0.99],
-            False,
-        ),  # under MIN_REPS calls nothing is decided
-        (
-            [0.5, 0.95, 0.96, 0.97, 1.0],
-            [1.0, 1.01, 1.0, 0.99],
-            False,
-        ),  # one outlying call: its interval straddles
-        (
-            [0.80, 0.80, 0.80, 0.99],
-            [1.0, 1.01, 1.0, 0.99],
-            False,
-        ),  # one slow call widens the margin: not enough
+        ([0.80, 0.81, 0.79, 0.82, 0.80, 0.80, 0.81], "faster"),
+        ([0.99, 1.01, 1.0, 0.98, 1.02, 1.0, 1.0], "same"),
+        ([1.50, 1.52, 1.49, 1.5, 1.51, 1.5, 1.5], "slower"),
+        ([1.0, 1.2, 1.0, 1.1, 1.0, 1.1, 1.0], "not faster"),
+        ([0.80, 0.81, 0.79, 0.82, 0.80, 0.8], "undecided"),  # under MIN_ROUNDS: no interval
+        ([0.5, 0.9, 0.6, 1.3, 0.6, 0.7, 0.6], "undecided"),  # one round on the other side
+        ([0.06, 0.05, 1.1, 0.07, 0.06, 0.05, 0.06], "undecided"),  # the issue's "16x" under load
     ],
 )
-def test_decided_once_the_interval_clears_both_boundaries(samples, baseline, expected):
-    assert repetitions.decided(samples, baseline) is expected
+def test_the_verdict_is_where_the_interval_lies(ratios, verdict):
+    got = repetitions.paired(_rows({"s": [[1.0, r] for r in ratios]}), ["s"])
+    assert got is not None and got.verdict == verdict and got.rounds == len(ratios)
+    assert got.decided is (verdict != "undecided")
 
 
-def test_far_slower_is_far_beyond_the_margin():
-    base = [1.0, 1.0, 1.0, 1.0, 1.0]
-    limit = repetitions.FAR_SLOWER * (1 + repetitions.MIN_MARGIN)
-    assert repetitions.far_slower(limit * 1.01, base) and not repetitions.far_slower(
-        limit * 0.99, base
+def test_said_names_the_ratio_its_interval_and_the_rounds():
+    assert Ratio(0.5, None, 0).said() == (
+        "time ratio 0.50 of the medians (no paired rounds: no interval)"
     )
-    assert not repetitions.far_slower(100.0, [])  # no default timed: nothing to be far from
-
-
-# ---- a synthetic pair of candidates, timed adaptively, then chosen -------------------------------
-# one call of the synthetic default; sleeps keep the relative noise small even on a busy machine
-BASE_S = 0.02
-
-
-def _takes(seconds: float):
-    """A synthetic candidate's call: a sleep, then a spin to the exact time (a sleep alone
-    overshoots by milliseconds on a loaded machine)."""
-
-    def call() -> None:
-        end = time.perf_counter() + seconds
-        time.sleep(max(seconds - 0.003, 0.0))
-        while time.perf_counter() < end:
-            pass
-
-    return call
-
-
-OPTS = {"warmup": 1, "reps": 5, "min_seconds": 0.0, "max_reps": 200, "mode": "adaptive"}
-
-
-def _row(name: str, samples: list[float], how: str) -> dict:
-    import statistics
-
-    return {
-        "implementation": name,
-        "shape": "64x32",
-        "dtype": "float32",
-        "regime": "true",
-        "median_ms": statistics.median(samples) * 1000,
-        "spread": repetitions.spread(samples),
-        "reps": len(samples),
-        "timed": how,
-    }
-
-
-def _report(cid: str) -> Report:
-    return Report(
-        id=cid,
-        target=f"x.{cid}",
-        slot="LayerNorm",
-        semantics="layer_norm",
-        device="cpu",
-        status="accepted",
+    assert "1 paired round: too few" in Ratio(0.5, None, 1).said()
+    assert Ratio(1.1, (1.06, 1.45), 6).said() == (
+        "time ratio 1.10 (98 % interval 1.06-1.45, 6 paired rounds)"
     )
 
 
-def test_a_far_slower_candidate_is_not_repeated():
-    clock = _Clock("cpu")
-    base = [BASE_S] * 5
-    slow, how = repeat(clock, _takes(BASE_S * 3), OPTS, against=base)
-    assert (how, len(slow)) == ("far slower", 1)
-
-
-def test_the_deadline_ends_an_undecided_candidate():
-    clock = _Clock("cpu")
-    straddling = [1e-4, 1.0, 1e-4, 1.0]  # so wide that no candidate's interval can clear a boundary
-    t0 = time.perf_counter()
-    samples, how = repeat(clock, _takes(0.001), OPTS, against=straddling, deadline=t0 + 0.005)
-    assert how == "budget" and 1 <= len(samples) < repetitions.MAX_FACTOR * OPTS["reps"]
-
-
-class _SyntheticClock:
-    """A clock whose calls take a known time with seeded relative noise: what the sequential test
-    sees of a candidate on a machine with that noise, the same in every run."""
-
-    def __init__(self, seconds: float, noise: float, seed: int) -> None:
-        import random
-
-        self.seconds, self.noise, self.random = seconds, noise, random.Random(seed)
-
-    def time(self, fn) -> float:
-        fn()
-        # noise only ever slows a call
-        return self.seconds * (1 + abs(self.random.gauss(0.0, self.noise)))
-
-    def sync(self) -> None:
-        pass
-
-
-@pytest.mark.parametrize("seed", range(5))
-@pytest.mark.parametrize("factor, chosen", [(0.97, "default"), (0.80, "fast")])
-def test_the_sequential_test_decides_a_synthetic_pair_in_few_calls(factor, chosen, seed):
-    """2 % noise: the 20 % faster candidate is decided at the fewest calls; the 3 % faster one, 2 %
-    from the margin's boundary, gets more calls, never beyond the cap (where the default's own five
-    calls leave it undecided, the medians of the extra calls decide, as the choice's rule says); and
-    the choice over the adaptive samples is the one the true times give."""
-    base, base_how = repeat(_SyntheticClock(1.0, 0.02, seed), lambda: None, OPTS)
-    fast, how = repeat(_SyntheticClock(factor, 0.02, seed + 100), lambda: None, OPTS, against=base)
-    assert base_how == "baseline" and len(base) == OPTS["reps"]
-    if factor == 0.80:
-        assert (how, len(fast)) == (
-            "decided",
-            repetitions.MIN_REPS,
-        )  # fewer calls than the default's count
-    else:
-        assert how in ("decided", "max-reps") and len(fast) >= repetitions.MIN_REPS
-        assert len(fast) <= repetitions.MAX_FACTOR * OPTS["reps"]
-        assert (how == "decided") == (len(fast) < repetitions.MAX_FACTOR * OPTS["reps"])
-    timings = {"default": [_row("default", base, base_how)], "fast": [_row("fast", fast, how)]}
-    choice = choose(
-        "LayerNorm", [_report("default"), _report("fast")], timings, ["64x32"], "float32", "default"
-    )
-    assert choice.report.id == chosen, (choice.reason, fast, base)
-
-
-# ---- real probes: several accepted candidates, adaptive repetitions ------------------------------
+# ---- real probes: several accepted candidates, paired rounds ------------------------------
 @pytest.mark.slow
 @pytest.mark.timing  # a choice by measured speed: runs alone under pytest-xdist (conftest)
 def test_two_consecutive_cold_probes_choose_the_same_in_every_slot(tmp_path):
@@ -249,10 +125,9 @@ def test_two_consecutive_cold_probes_choose_the_same_in_every_slot(tmp_path):
             ("Linear", "torch.linear", "custom:kp_fastlib.FastLinear"),
             ("LayerNorm", "torch.layer_norm", "custom:kp_fastlib.FastLayerNorm"),
         ):
-            # the default is timed first, the other against it; where the other's first run beat
-            # it by the margin, the default is timed again after it (a rematch: a loaded machine
-            # can slow the default's first run), and a far slower candidate never causes one
-            assert timed[slot][default] in ("baseline", "rematch")
-            assert timed[slot][own] in ("decided", "far slower", "max-reps", "budget")
-            if timed[slot][default] == "rematch":
-                assert timed[slot][own] != "far slower", timed
+            # the other is timed against the default in paired rounds until decided, or undecided
+            # when the rounds or the slot's budget ran out; each row records its load
+            assert timed[slot][default] == "default"
+            assert timed[slot][own] in ("decided", "max-rounds", "budget")
+            rows = {t["implementation"]: t for t in lock.slots[slot].timing}
+            assert rows[own]["rounds"] >= 1 and "busy-processes" in rows[default]

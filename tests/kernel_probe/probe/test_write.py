@@ -16,6 +16,7 @@ from kernel_probe import candidates as cands
 from kernel_probe.errors import ProbeError, UsageError
 from kernel_probe.probe import write
 from kernel_probe.probe.choose import Choice
+from kernel_probe.probe.repetitions import Ratio
 from kernel_probe.probe.report import Report, Verdict, report_base
 from kernel_probe.probe.write import (
     build_lock,
@@ -302,8 +303,12 @@ def test_a_timing_row_keeps_what_it_measured(row, expected):
         (
             "accepted",
             [],
-            0.5,
-            ["accepted; 2.00x faster than the default, but torch.rms_norm was chosen (pinned)"],
+            Ratio(0.5, (0.45, 0.55), 6),
+            [
+                "accepted; faster: time ratio 0.50 (98 % interval 0.45-0.55, 6 paired rounds) "
+                "against the default (geometric mean over the shapes), but torch.rms_norm was "
+                "chosen (pinned)"
+            ],
         ),
         ("rejected", ["y error 3 > tolerance 1"], None, ["y error 3 > tolerance 1"]),
         ("crashed", [], None, ["crashed"]),
@@ -312,9 +317,10 @@ def test_a_timing_row_keeps_what_it_measured(row, expected):
 def test_rejection_reasons(status, reasons, score, expected):
     chosen = report(builtin("torch.rms_norm"))
     other = report(builtin("liger.rms_norm"), status, reasons)
-    choice = Choice(
-        "RMSNorm", chosen, "pinned", "", {} if score is None else {"liger.rms_norm": score}
-    )
+    ratios = {"liger.rms_norm": score} if isinstance(score, Ratio) else {}
+    score = score.ratio if isinstance(score, Ratio) else score
+    scores = {} if score is None else {"liger.rms_norm": score}
+    choice = Choice("RMSNorm", chosen, "pinned", "", scores, ratios=ratios)
     assert write._rejection_reasons(other, choice) == expected
 
 

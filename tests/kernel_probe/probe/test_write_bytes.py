@@ -44,6 +44,10 @@ def _timed(implementation: str, shape: str) -> dict:
         "gbps": 45.6789,
         "compile_s": 0.00456789,
         "reps": 3,
+        "load_average": 1.23456,
+        "busy_processes": 1,
+        # paired rounds against the default (lock 1.4): ratio, interval and rounds in the lock
+        "pairs": [[0.05, 0.0456789 * k] for k in (0.9, 1.0, 1.1, 0.95, 1.05, 1.0, 1.0)],
     }
     return {
         "implementation": implementation,
