@@ -7,6 +7,9 @@ transposed and a strided view as input, the outputs after ``load_state_dict``. H
 no slot owns: the names and hints, the seeded in-place update, the inference contexts, the views,
 a copy that keeps an input's layout, and a state dict moved between torch.nn's names and a
 module's. A slot runs its own passes with them (docs/checks.md, "Training and inference").
+
+Import-light: the judge reads the names and hints in the probe's process, which never imports
+torch (tests/kernel_probe/probe/test_parent_torch_free.py); the helpers import it when called.
 """
 
 from __future__ import annotations
@@ -14,8 +17,6 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator, Mapping
 from typing import Any
-
-import torch
 
 AFTER_UPDATE = "after-update"
 EVAL = "eval"
@@ -46,6 +47,8 @@ Pairs = Mapping[str, tuple[str, bool]]  # torch.nn's name -> (the module's key, 
 def steps(params: Mapping[str, Any], seed: int) -> dict[str, Any]:
     """One seeded update per torch.nn-named parameter (None: none), in float64 on its device:
     normal, scaled by :data:`STEP` times its RMS; the same for every module given ``params``."""
+    import torch  # the worker's: the probe's process reads the hints without it
+
     gen = torch.Generator().manual_seed(seed)
     out = {}
     for name in sorted(k for k, v in params.items() if v is not None):
@@ -60,6 +63,8 @@ def update_in_place(module: Any, deltas: Mapping[str, Any], pairs: Pairs | None 
     """Add each update to the module's parameter in place under no_grad, as ``optimizer.step()``
     does (the same tensor objects, new values); ``pairs``: where the module holds torch.nn's names
     (None: under them, as they are)."""
+    import torch  # the worker's: the probe's process reads the hints without it
+
     own = dict(module.state_dict(keep_vars=True))
     with torch.no_grad():
         for name, delta in deltas.items():
@@ -75,6 +80,8 @@ def inference(case: str, *modules: Any) -> Iterator[None]:
     """Run inside ``case`` of :data:`INFERENCE`: ``modules`` in eval mode (gradients on, so only
     the mode differs), or under ``torch.no_grad()`` or ``torch.inference_mode()``; each module's
     training flag is restored after."""
+    import torch  # the worker's: the probe's process reads the hints without it
+
     modes = [m.training for m in modules]
     try:
         if case == EVAL:
@@ -99,6 +106,8 @@ def view(case: str, x: Any) -> Any:
     """``x`` (2-D or more) as the view of :data:`VIEWS` named ``case``, with the same values:
     ``transposed``, a 2-D ``.t()`` view (x flattened to rows first); ``strided``, ``[..., ::2]``
     of a twice wider buffer whose gaps hold NaN (a kernel reading them says so)."""
+    import torch  # the worker's: the probe's process reads the hints without it
+
     x = x.detach()
     if case == TRANSPOSED:
         rows = x.reshape(-1, x.shape[-1])
@@ -115,6 +124,8 @@ def view(case: str, x: Any) -> Any:
 def fresh_like(x: Any) -> Any:
     """A detached copy of ``x`` with its strides (a view's layout survives; its gaps are
     uninitialised)."""
+    import torch  # the worker's: the probe's process reads the hints without it
+
     out = torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device=x.device)
     return out.copy_(x.detach())
 
