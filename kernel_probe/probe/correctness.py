@@ -24,7 +24,7 @@ from kernel_lock.slots import confusable, torch_device
 from kernel_probe.candidates import Candidate, canonical_for, default_for
 from kernel_probe.isolation import protocol
 from kernel_probe.isolation.protocol import CheckReply, ErrorStats, MeasurementRow
-from kernel_probe.probe import measure, onetensor
+from kernel_probe.probe import inuse, measure, onetensor
 from kernel_probe.probe.layout import Layout, discover, shapes
 from kernel_probe.probe.limits import CHECK_HIDDEN
 
@@ -222,6 +222,7 @@ class Shared:
     cases: tuple[tuple[onetensor.Case, tuple[Prepared, ...]], ...] = ()
     gen_state: Any = None
     skipped: str = ""
+    later: inuse.Later | None = None  # the cases after the first life (issue 55)
 
     def row(self) -> Row:
         """The row's set-up with a generator of the candidate's own, where the cases left it."""
@@ -272,7 +273,13 @@ def _prepare(bench: Bench, name: str, regime: str, base_layout: Layout) -> Share
                 skip = torch.randn(*out_shape, generator=gen).to(device, x.dtype)
             inputs.append(_prepared(bench, setup, case, (base_mod, base_layout), x, gy, skip))
         prepared.append((case, tuple(inputs)))
-    return Shared(setup, base_mod, tuple(prepared), gen.get_state())
+    try:
+        made = functools.partial(_baseline, bench, base_layout=base_layout)
+        later = inuse.prepare(bench, setup, (base_mod, base_layout), made, _prepared)
+    except Exception as exc:
+        why = f"torch.nn itself fails for {name} {regime} on {bench.device} in training or "
+        return Shared(setup, skipped=why + f"inference use: {type(exc).__name__}: {exc}")
+    return Shared(setup, base_mod, tuple(prepared), gen.get_state(), later=later)
 
 
 def _prepared(bench: Bench, setup: Row, case: Any, baseline: tuple, x, gy, skip) -> Prepared:
@@ -327,11 +334,13 @@ def _measure(
             bench, setup, case, inputs, (mod, layout), row["flags"]
         )
     row["out_dtype"] = out_dtype
-    row["nondeterministic"] = onetensor.repeatability(bench, setup, mod, layout)
     if protocol.FLAG_OUTPUT_DTYPE in row["flags"] and confusable(bench.cand.semantics):  # a norm
         row["blocks"] = onetensor.blocks(
             bench, setup, (mod, layout), (shared.base_mod, base_layout)
         )
+    assert shared.later is not None  # made with the cases
+    inuse.measure_later(bench, setup, shared.later, (mod, layout), row, _measure_case)
+    row["nondeterministic"] = onetensor.repeatability(bench, setup, layout)
     row["seconds"] = time.perf_counter() - t_build
     row["twin"] = onetensor.twin_check(bench, setup, mod, layout)
 

@@ -122,12 +122,19 @@ def view(case: str, x: Any) -> Any:
 
 
 def fresh_like(x: Any) -> Any:
-    """A detached copy of ``x`` with its strides (a view's layout survives; its gaps are
-    uninitialised)."""
+    """A detached copy of ``x`` with its strides: a view stays a view of a buffer of its own, whose
+    gaps hold NaN where its dtype has one (a kernel reading them says so)."""
     import torch  # the worker's: the probe's process reads the hints without it
 
-    out = torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device=x.device)
-    return out.copy_(x.detach())
+    x = x.detach()
+    if x.is_contiguous():
+        return x.clone()
+    span = (
+        1 + sum((n - 1) * s for n, s in zip(x.shape, x.stride(), strict=True)) if x.numel() else 0
+    )
+    fill = float("nan") if x.dtype.is_floating_point else 0
+    buf = torch.full((span,), fill, dtype=x.dtype, device=x.device)
+    return buf.as_strided(x.shape, x.stride()).copy_(x)
 
 
 # ---- state dicts between torch.nn's names and a module's ----------------------------------------

@@ -1,0 +1,155 @@
+"""The norms and Linear as training and inference use them, in the worker (issue 55): the cases of
+``lifecycle`` after the first life's, per (dtype, regime), beside torch.nn treated alike.
+
+The forward in eval mode, under ``torch.no_grad()`` and ``torch.inference_mode()`` (forward only);
+a second forward and backward after every parameter was updated in place as an optimizer step does
+(the row's parameters plus a seeded step, torch.nn given the same); and the outputs of a candidate
+loaded from torch.nn's state dict at a square shape (a Linear's weight is then square), and of
+torch.nn loaded back from it. torch.nn's side is prepared once per row and shared by the slot's
+candidates (``prepare``); each candidate's is ``measure``'s. The views (``transposed``,
+``strided``) are plain cases of ``onetensor.cases``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from kernel_probe.isolation.protocol import ErrorStats, MeasurementRow
+from kernel_probe.probe import lifecycle, measure, onetensor
+from kernel_probe.probe.layout import Layout
+
+if TYPE_CHECKING:  # correctness builds on this module
+    from kernel_probe.probe.correctness import Bench, Prepared, Row
+
+ROWS = onetensor.CHECK_ROWS
+# (bench, setup, case, inputs, (module, layout), flags) -> (errors, statistics, output dtype)
+CaseRunner = Callable[..., tuple[dict[str, list[float]], dict[str, ErrorStats], str]]
+# (bench, setup, case, (torch.nn's module, its layout), x, grad_output, skip) -> a Prepared
+Preparer = Callable[..., "Prepared"]
+
+
+@dataclass(frozen=True)
+class Later:
+    """torch.nn's side of a row's later cases, as every candidate of the slot gets it."""
+
+    inference: tuple[tuple[str, Any, dict[str, Any], measure.Side], ...]  # case, x, ref, torch's
+    deltas: dict[str, Any]  # the in-place update, under torch.nn's names
+    updated: tuple[Row, Prepared]  # the row with the updated parameters; the input after it
+    square: tuple[Row, Any, Prepared]  # the row at a square shape, torch.nn's module, its input
+
+
+def prepare(
+    bench: Bench, setup: Row, base: tuple[Any, Layout], made: Callable[[Row], Any], prep: Preparer
+) -> Later:
+    """torch.nn's later cases; ``made(row)``: torch.nn's module built for a row, after one pass."""
+    gen, device, dtype = setup.gen, bench.torch_device, setup.dtype
+    x = (torch.randn(ROWS, bench.hidden, generator=gen) + 0.3).to(device, dtype)
+    ref = onetensor.reference(
+        bench.cand.semantics,
+        x.to(torch.float64),
+        setup.params64["weight"],
+        setup.params64["bias"],
+        onetensor.eps_for(setup.eps, x.dtype),
+    )
+    inference = []
+    for case in lifecycle.INFERENCE:
+        y = forward(base[0], x, setup.autocast, case)
+        inference.append((case, x, ref, measure.side(y, ref, rows=True)))
+    deltas = lifecycle.steps(setup.params64, bench.seed + 55)
+    params64 = {k: v if v is None else v + deltas[k] for k, v in setup.params64.items()}
+    updated = dataclasses.replace(setup, params64=params64)
+    after = made(setup)
+    lifecycle.update_in_place(after, deltas, base[1].pairs)
+    after_input = _input(bench, updated, lifecycle.AFTER_UPDATE, (after, base[1]), prep)
+    square = _square(bench, setup)
+    source = made(square)
+    loaded_input = _input(bench, square, lifecycle.LOADED, (source, base[1]), prep)
+    return Later(tuple(inference), deltas, (updated, after_input), (square, source, loaded_input))
+
+
+def _square(bench: Bench, setup: Row) -> Row:
+    """The row at a square shape (a Linear's out_features = hidden), with parameters of its own."""
+    canonical = {**setup.canonical, "out_features": bench.hidden}
+    params, params64 = onetensor.parameters_for(bench.cand.semantics, canonical, setup.gen)
+    return dataclasses.replace(
+        setup, canonical=canonical, params=params, params64=params64, width=bench.hidden
+    )
+
+
+def _input(bench: Bench, setup: Row, name: str, base: tuple[Any, Layout], prep: Preparer) -> Any:
+    """One input of a later case, torch.nn's pass and the reference on it."""
+    gen, device = setup.gen, bench.torch_device
+    x = (torch.randn(ROWS, bench.hidden, generator=gen) + 0.2).to(device, setup.dtype)
+    gy = (torch.randn(ROWS, setup.width, generator=gen) * 0.7 + 0.1).to(device, setup.dtype)
+    return prep(bench, setup, onetensor.Case(name, [x]), base, x, gy, None)
+
+
+def forward(module: Any, x: Any, autocast: tuple[str, Any] | None, case: str) -> Any:
+    """The module's output on ``x`` inside the inference ``case`` (lifecycle.INFERENCE)."""
+    with lifecycle.inference(case, module), measure.autocasting(autocast):
+        return module(lifecycle.fresh_like(x)).detach()
+
+
+def measure_later(
+    bench: Bench,
+    setup: Row,
+    later: Later,
+    candidate: tuple[Any, Layout],
+    row: MeasurementRow,
+    run_case: CaseRunner,
+) -> None:
+    """The candidate's later cases into ``row``: inference, then its second life (``candidate``
+    is updated in place), then a fresh one loaded from torch.nn's state dict and back."""
+    for case, x, ref, base_side in later.inference:
+        y = forward(candidate[0], x, setup.autocast, case)
+        maxima, stats = measure.compare(y, None, ref, rows=True, base_side=base_side)
+        row["cases"][case], row["stats"][case] = {"y": maxima}, {"y": stats}
+    lifecycle.update_in_place(candidate[0], later.deltas, candidate[1].pairs)
+    updated, p = later.updated
+    _run(run_case, bench, updated, lifecycle.AFTER_UPDATE, p, [candidate], row)
+    square, source, p = later.square
+    loaded = _round_trip(bench, square, source, candidate[1])
+    _run(run_case, bench, square, lifecycle.LOADED, p, loaded, row)
+
+
+def _round_trip(bench: Bench, square: Row, source: Any, layout: Layout) -> list[tuple[Any, Layout]]:
+    """A fresh candidate loaded from torch.nn's ``source``, and torch.nn loaded back from it."""
+    device, param_dtype = bench.torch_device, square.param_dtype
+    cand = measure.build(bench.cand, square.canonical, device, param_dtype)
+    own = cand.state_dict()
+    own.update(lifecycle.to_module(source.state_dict(), layout.pairs))
+    cand.load_state_dict(own, strict=True)
+    back = measure.build(bench.baseline, square.canonical, device, param_dtype)
+    back.load_state_dict(lifecycle.to_torch(cand.state_dict(), layout.pairs), strict=True)
+    return [(cand, layout), (back, _identity(layout))]
+
+
+def _identity(layout: Layout) -> Layout:
+    """torch.nn's own layout (its names, as they are)."""
+    return Layout(True, {name: (name, False) for name in layout.pairs})
+
+
+def _run(
+    run_case: CaseRunner,
+    bench: Bench,
+    setup: Row,
+    name: str,
+    p: Prepared,
+    modules: list[tuple[Any, Layout]],
+    row: MeasurementRow,
+) -> None:
+    """One later case on each of ``modules``: the worst errors of them all, as the candidate's."""
+    case = onetensor.Case(name, [p.x])
+    for module in modules:
+        errs, stats, _ = run_case(bench, setup, case, (p,), module, row["flags"])
+        have, have_stats = row["cases"].setdefault(name, {}), row["stats"].setdefault(name, {})
+        for tensor, (got, base) in errs.items():
+            old = have.get(tensor, [0.0, 0.0])
+            have[tensor] = [max(old[0], got), max(old[1], base)]
+            if tensor in stats:
+                measure.worst_stats(have_stats, tensor, stats[tensor])
