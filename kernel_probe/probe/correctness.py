@@ -222,7 +222,7 @@ class Shared:
     cases: tuple[tuple[onetensor.Case, tuple[Prepared, ...]], ...] = ()
     gen_state: Any = None
     skipped: str = ""
-    later: inuse.Later | None = None  # the cases after the first life (issue 55)
+    later: inuse.Later | Exception | None = None  # the cases after the first life (issue 55)
 
     def row(self) -> Row:
         """The row's set-up with a generator of the candidate's own, where the cases left it."""
@@ -274,11 +274,12 @@ def _prepare(bench: Bench, name: str, regime: str, base_layout: Layout) -> Share
             inputs.append(_prepared(bench, setup, case, (base_mod, base_layout), x, gy, skip))
         prepared.append((case, tuple(inputs)))
     try:
-        made = functools.partial(_baseline, bench, base_layout=base_layout)
-        later = inuse.prepare(bench, setup, (base_mod, base_layout), made, _prepared)
-    except Exception as exc:
-        why = f"torch.nn itself fails for {name} {regime} on {bench.device} in training or "
-        return Shared(setup, skipped=why + f"inference use: {type(exc).__name__}: {exc}")
+        base = (base_mod, base_layout)
+        later: inuse.Later | Exception = inuse.prepare(
+            bench, setup, base, lambda s: _baseline(bench, s, base_layout), _prepared
+        )
+    except Exception as exc:  # raised again where each candidate measures, as _prepared's are
+        later = exc
     return Shared(setup, base_mod, tuple(prepared), gen.get_state(), later=later)
 
 
@@ -338,6 +339,8 @@ def _measure(
         row["blocks"] = onetensor.blocks(
             bench, setup, (mod, layout), (shared.base_mod, base_layout)
         )
+    if isinstance(shared.later, Exception):
+        raise shared.later
     assert shared.later is not None  # made with the cases
     inuse.measure_later(bench, setup, shared.later, (mod, layout), row, _measure_case)
     row["nondeterministic"] = onetensor.repeatability(bench, setup, layout)
