@@ -703,3 +703,17 @@ class SquareTransposingLinear(GoodLinear):
         if w is not None and w.dim() == 2 and w.shape[0] == w.shape[1]:
             state_dict[key] = w.t().contiguous()
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
+
+class LateStaleCopyLayerNorm(_Norm):
+    """StaleCopyLayerNorm's bug, one step later: takes its copy again once, at the first forward
+    after the weight first changed, then never. Right at fixed weights and after one update (all
+    the per-kernel checks see), stale from the second optimizer step: the model check's to catch."""
+
+    def forward(self, x):
+        version = self.weight._version
+        if not hasattr(self, "_weight") or (version != self._taken and not self._again):
+            self._again = hasattr(self, "_weight")
+            self._weight, self._taken = self.weight.detach().clone(), version
+        weight = self._weight + (self.weight - self.weight.detach())  # stale value, live gradient
+        return _ln32(x, weight, self.bias, self.eps)
