@@ -3,7 +3,8 @@
 Once, its layout (``layout``) and where its parameters start (``onetensor``). Then per (dtype,
 regime), beside torch.nn with the same parameters on ``onetensor.cases``: errors against float64
 forward and backward, flags, repeatability, the blocks a norm sits in (where its output dtype
-differs), the twin. What the slot's candidates share is made once per worker; no verdicts here.
+differs), the cases as training and inference use the kernel (``inuse``), the twin. What the
+slot's candidates share is made once per worker; no verdicts here.
 """
 
 from __future__ import annotations
@@ -322,7 +323,8 @@ def _baseline(bench: Bench, setup: Row, base_layout: Layout) -> Any:
 def _measure(
     bench: Bench, shared: Shared, row: MeasurementRow, layout: Layout, base_layout: Layout
 ) -> None:
-    """The candidate with the row's parameters on every case, then the per-row checks, into row."""
+    """The candidate with the row's parameters on every case, then the per-row checks, then the
+    cases as training and inference use it (``inuse``: the module is updated in place), into row."""
     # unshared, the row's own generator draws on where the cases left it, as it always did
     setup = shared.setup if bench.shared is None else shared.row()
     t_build = time.perf_counter()
@@ -335,6 +337,7 @@ def _measure(
             bench, setup, case, inputs, (mod, layout), row["flags"]
         )
     row["out_dtype"] = out_dtype
+    row["nondeterministic"] = onetensor.repeatability(bench, setup, layout)
     if protocol.FLAG_OUTPUT_DTYPE in row["flags"] and confusable(bench.cand.semantics):  # a norm
         row["blocks"] = onetensor.blocks(
             bench, setup, (mod, layout), (shared.base_mod, base_layout)
@@ -343,7 +346,6 @@ def _measure(
         raise shared.later
     assert shared.later is not None  # made with the cases
     inuse.measure_later(bench, setup, shared.later, (mod, layout), row, _measure_case)
-    row["nondeterministic"] = onetensor.repeatability(bench, setup, layout)
     row["seconds"] = time.perf_counter() - t_build
     row["twin"] = onetensor.twin_check(bench, setup, mod, layout)
 

@@ -6,8 +6,8 @@ a second forward and backward after every parameter was updated in place as an o
 (the row's parameters plus a seeded step, torch.nn given the same); and the outputs of a candidate
 loaded from torch.nn's state dict at a square shape (a Linear's weight is then square), and of
 torch.nn loaded back from it. torch.nn's side is prepared once per row and shared by the slot's
-candidates (``prepare``); each candidate's is ``measure``'s. The views (``transposed``,
-``strided``) are plain cases of ``onetensor.cases``.
+candidates (``prepare``); each candidate's is ``measure_later``'s. The views (a transposed and a
+strided input, forward and backward) run first, with the first life's parameters.
 """
 
 from __future__ import annotations
@@ -33,10 +33,14 @@ CaseRunner = Callable[..., tuple[dict[str, list[float]], dict[str, ErrorStats], 
 Preparer = Callable[..., "Prepared"]
 
 
+SEED = 55  # the later cases draw from a generator of their own: the first life's stay as they were
+
+
 @dataclass(frozen=True)
 class Later:
     """torch.nn's side of a row's later cases, as every candidate of the slot gets it."""
 
+    views: tuple[tuple[str, Prepared], ...]  # transposed, strided: an input each
     inference: tuple[tuple[str, Any, dict[str, Any], measure.Side], ...]  # case, x, ref, torch's
     deltas: dict[str, Any]  # the in-place update, under torch.nn's names
     updated: tuple[Row, Prepared]  # the row with the updated parameters; the input after it
@@ -47,20 +51,9 @@ def prepare(
     bench: Bench, setup: Row, base: tuple[Any, Layout], made: Callable[[Row], Any], prep: Preparer
 ) -> Later:
     """torch.nn's later cases; ``made(row)``: torch.nn's module built for a row, after one pass."""
-    gen, device, dtype = setup.gen, bench.torch_device, setup.dtype
-    x = (torch.randn(ROWS, bench.hidden, generator=gen) + 0.3).to(device, dtype)
-    ref = onetensor.reference(
-        bench.cand.semantics,
-        x.to(torch.float64),
-        setup.params64["weight"],
-        setup.params64["bias"],
-        onetensor.eps_for(setup.eps, x.dtype),
-    )
-    inference = []
-    for case in lifecycle.INFERENCE:
-        y = forward(base[0], x, setup.autocast, case)
-        inference.append((case, x, ref, measure.side(y, ref, rows=True)))
-    deltas = lifecycle.steps(setup.params64, bench.seed + 55)
+    setup = dataclasses.replace(setup, gen=torch.Generator().manual_seed(bench.seed + SEED))
+    views = tuple((v, _input(bench, setup, v, base, prep)) for v in lifecycle.VIEWS)
+    deltas = lifecycle.steps(setup.params64, bench.seed + SEED)
     params64 = {k: v if v is None else v + deltas[k] for k, v in setup.params64.items()}
     updated = dataclasses.replace(setup, params64=params64)
     after = made(setup)
@@ -69,7 +62,28 @@ def prepare(
     square = _square(bench, setup)
     source = made(square)
     loaded_input = _input(bench, square, lifecycle.LOADED, (source, base[1]), prep)
-    return Later(tuple(inference), deltas, (updated, after_input), (square, source, loaded_input))
+    return Later(
+        views,
+        _inference(bench, setup, base[0]),
+        deltas,
+        (updated, after_input),
+        (square, source, loaded_input),
+    )
+
+
+def _inference(bench: Bench, setup: Row, base_mod: Any) -> tuple:
+    """One input of the inference cases, its reference output and torch.nn's in each."""
+    x = (torch.randn(ROWS, bench.hidden, generator=setup.gen) + 0.3).to(
+        bench.torch_device, setup.dtype
+    )
+    p64, eps = setup.params64, onetensor.eps_for(setup.eps, x.dtype)
+    ref = onetensor.reference(
+        bench.cand.semantics, x.to(torch.float64), p64["weight"], p64["bias"], eps
+    )
+    return tuple(
+        (case, x, ref, measure.side(forward(base_mod, x, setup.autocast, case), ref, rows=True))
+        for case in lifecycle.INFERENCE
+    )
 
 
 def _square(bench: Bench, setup: Row) -> Row:
@@ -82,9 +96,10 @@ def _square(bench: Bench, setup: Row) -> Row:
 
 
 def _input(bench: Bench, setup: Row, name: str, base: tuple[Any, Layout], prep: Preparer) -> Any:
-    """One input of a later case, torch.nn's pass and the reference on it."""
+    """One input of a later case (a view for a view's), torch.nn's pass and the reference on it."""
     gen, device = setup.gen, bench.torch_device
     x = (torch.randn(ROWS, bench.hidden, generator=gen) + 0.2).to(device, setup.dtype)
+    x = lifecycle.view(name, x) if name in lifecycle.VIEWS else x
     gy = (torch.randn(ROWS, setup.width, generator=gen) * 0.7 + 0.1).to(device, setup.dtype)
     return prep(bench, setup, onetensor.Case(name, [x]), base, x, gy, None)
 
@@ -105,6 +120,8 @@ def measure_later(
 ) -> None:
     """The candidate's later cases into ``row``: inference, then its second life (``candidate``
     is updated in place), then a fresh one loaded from torch.nn's state dict and back."""
+    for view, p in later.views:
+        _run(run_case, bench, setup, view, p, [candidate], row)
     for case, x, ref, base_side in later.inference:
         y = forward(candidate[0], x, setup.autocast, case)
         maxima, stats = measure.compare(y, None, ref, rows=True, base_side=base_side)
