@@ -118,8 +118,9 @@ def measure_later(
     row: MeasurementRow,
     run_case: CaseRunner,
 ) -> None:
-    """The candidate's later cases into ``row``: inference, then its second life (``candidate``
-    is updated in place), then a fresh one loaded from torch.nn's state dict and back."""
+    """The candidate's later cases into ``row``: the views and inference, then its second life
+    (``candidate`` is updated in place), then a fresh one loaded from torch.nn's state dict and
+    back."""
     for view, p in later.views:
         _run(run_case, bench, setup, view, p, [candidate], row)
     for case, x, ref, base_side in later.inference:
@@ -139,7 +140,8 @@ def _round_trip(bench: Bench, square: Row, source: Any, layout: Layout) -> list[
     device, param_dtype = bench.torch_device, square.param_dtype
     cand = measure.build(bench.cand, square.canonical, device, param_dtype)
     own = cand.state_dict()
-    own.update(lifecycle.to_module(source.state_dict(), layout.pairs))
+    saved = {k: v.detach().clone() for k, v in source.state_dict().items()}  # source is shared
+    own.update(lifecycle.to_module(saved, layout.pairs))
     cand.load_state_dict(own, strict=True)
     back = measure.build(bench.baseline, square.canonical, device, param_dtype)
     back.load_state_dict(lifecycle.to_torch(cand.state_dict(), layout.pairs), strict=True)
