@@ -82,3 +82,13 @@ def test_every_case_has_its_hint():
         lifecycle.AFTER_UPDATE,
         lifecycle.LOADED,
     }
+
+
+def test_the_hints_are_read_without_torch():
+    """The judge, in the probe's process (which never imports torch), reads the names and hints."""
+    import subprocess
+    import sys
+
+    code = "import sys, kernel_probe.probe.lifecycle; print('torch' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "False"
