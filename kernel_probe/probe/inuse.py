@@ -5,13 +5,14 @@ The forward in eval mode, under ``torch.no_grad()`` and ``torch.inference_mode()
 a second forward and backward after every parameter was updated in place as an optimizer step does
 (the row's parameters plus a seeded step, torch.nn given the same); and the outputs of a candidate
 loaded from torch.nn's state dict at a square shape (a Linear's weight is then square), and of
-torch.nn loaded back from it. torch.nn's side is prepared once per row and shared by the slot's
-candidates (``prepare``); each candidate's is ``measure_later``'s. The views (a transposed and a
-strided input, forward and backward) run first, with the first life's parameters.
+torch.nn loaded back from it (forward only). torch.nn's side is prepared once per row and shared by
+the slot's candidates (``prepare``); each candidate's is ``measure_later``'s. The views (a
+transposed and a strided input, forward and backward) run first, with the first life's parameters.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -26,7 +27,7 @@ from kernel_probe.probe.layout import Layout
 if TYPE_CHECKING:  # correctness builds on this module
     from kernel_probe.probe.correctness import Bench, Prepared, Row
 
-ROWS = onetensor.CHECK_ROWS
+ROWS = 11  # odd, below a block of 16; fewer than the first life's: these cases cost little
 # (bench, setup, case, inputs, (module, layout), flags) -> (errors, statistics, output dtype)
 CaseRunner = Callable[..., tuple[dict[str, list[float]], dict[str, ErrorStats], str]]
 # (bench, setup, case, (torch.nn's module, its layout), x, grad_output, skip) -> a Prepared
@@ -44,7 +45,10 @@ class Later:
     inference: tuple[tuple[str, Any, dict[str, Any], measure.Side], ...]  # case, x, ref, torch's
     deltas: dict[str, Any]  # the in-place update, under torch.nn's names
     updated: tuple[Row, Prepared]  # the row with the updated parameters; the input after it
-    square: tuple[Row, Any, Prepared]  # the row at a square shape, torch.nn's module, its input
+    loaded: tuple[Row, Any, Forward]  # the row at a square shape, torch.nn's module, the forward
+
+
+Forward = tuple[Any, Any, measure.Side]  # an input, the reference output, torch.nn's errors
 
 
 def prepare(
@@ -61,18 +65,19 @@ def prepare(
     after_input = _input(bench, updated, lifecycle.AFTER_UPDATE, (after, base[1]), prep)
     square = _square(bench, setup)
     source = made(square)
-    loaded_input = _input(bench, square, lifecycle.LOADED, (source, base[1]), prep)
+    x, ref = _forward_input(bench, square)
+    loaded = (x, ref, measure.side(forward(source, x, square.autocast), ref, rows=True))
     return Later(
         views,
         _inference(bench, setup, base[0]),
         deltas,
         (updated, after_input),
-        (square, source, loaded_input),
+        (square, source, loaded),
     )
 
 
-def _inference(bench: Bench, setup: Row, base_mod: Any) -> tuple:
-    """One input of the inference cases, its reference output and torch.nn's in each."""
+def _forward_input(bench: Bench, setup: Row) -> tuple[Any, Any]:
+    """An input of a forward-only case, and the reference output on it."""
     x = (torch.randn(ROWS, bench.hidden, generator=setup.gen) + 0.3).to(
         bench.torch_device, setup.dtype
     )
@@ -80,6 +85,12 @@ def _inference(bench: Bench, setup: Row, base_mod: Any) -> tuple:
     ref = onetensor.reference(
         bench.cand.semantics, x.to(torch.float64), p64["weight"], p64["bias"], eps
     )
+    return x, ref
+
+
+def _inference(bench: Bench, setup: Row, base_mod: Any) -> tuple:
+    """One input of the inference cases, its reference output and torch.nn's in each."""
+    x, ref = _forward_input(bench, setup)
     return tuple(
         (case, x, ref, measure.side(forward(base_mod, x, setup.autocast, case), ref, rows=True))
         for case in lifecycle.INFERENCE
@@ -104,9 +115,13 @@ def _input(bench: Bench, setup: Row, name: str, base: tuple[Any, Layout], prep: 
     return prep(bench, setup, onetensor.Case(name, [x]), base, x, gy, None)
 
 
-def forward(module: Any, x: Any, autocast: tuple[str, Any] | None, case: str) -> Any:
-    """The module's output on ``x`` inside the inference ``case`` (lifecycle.INFERENCE)."""
-    with lifecycle.inference(case, module), measure.autocasting(autocast):
+def forward(module: Any, x: Any, autocast: tuple[str, Any] | None, case: str = "") -> Any:
+    """The module's output on ``x`` inside the inference ``case`` (lifecycle.INFERENCE; '': as
+    training runs it)."""
+    with contextlib.ExitStack() as stack:
+        if case:
+            stack.enter_context(lifecycle.inference(case, module))
+        stack.enter_context(measure.autocasting(autocast))
         return module(lifecycle.fresh_like(x)).detach()
 
 
@@ -122,20 +137,33 @@ def measure_later(
     (``candidate`` is updated in place), then a fresh one loaded from torch.nn's state dict and
     back."""
     for view, p in later.views:
-        _run(run_case, bench, setup, view, p, [candidate], row)
+        _run(run_case, bench, setup, view, p, candidate, row)
     for case, x, ref, base_side in later.inference:
         y = forward(candidate[0], x, setup.autocast, case)
-        maxima, stats = measure.compare(y, None, ref, rows=True, base_side=base_side)
-        row["cases"][case], row["stats"][case] = {"y": maxima}, {"y": stats}
+        _judge_forward(row, case, [y], ref, base_side)
     lifecycle.update_in_place(candidate[0], later.deltas, candidate[1].pairs)
     updated, p = later.updated
-    _run(run_case, bench, updated, lifecycle.AFTER_UPDATE, p, [candidate], row)
-    square, source, p = later.square
+    _run(run_case, bench, updated, lifecycle.AFTER_UPDATE, p, candidate, row)
+    square, source, (x, ref, base_side) = later.loaded
     loaded = _round_trip(bench, square, source, candidate[1])
-    _run(run_case, bench, square, lifecycle.LOADED, p, loaded, row)
+    ys = [forward(m, x, square.autocast) for m in loaded]
+    _judge_forward(row, lifecycle.LOADED, ys, ref, base_side)
 
 
-def _round_trip(bench: Bench, square: Row, source: Any, layout: Layout) -> list[tuple[Any, Layout]]:
+def _judge_forward(
+    row: MeasurementRow, case: str, ys: list[Any], ref: Any, base_side: measure.Side
+) -> None:
+    """A forward-only case's errors into ``row``: the worst of ``ys`` as the candidate's."""
+    errs: list[float] = [0.0, 0.0]
+    stats: dict[str, ErrorStats] = {}
+    for y in ys:
+        maxima, y_stats = measure.compare(y, None, ref, rows=True, base_side=base_side)
+        errs = [max(a, b) for a, b in zip(errs, maxima, strict=True)]
+        measure.worst_stats(stats, "y", y_stats)
+    row["cases"][case], row["stats"][case] = {"y": errs}, stats
+
+
+def _round_trip(bench: Bench, square: Row, source: Any, layout: Layout) -> list[Any]:
     """A fresh candidate loaded from torch.nn's ``source``, and torch.nn loaded back from it."""
     device, param_dtype = bench.torch_device, square.param_dtype
     cand = measure.build(bench.cand, square.canonical, device, param_dtype)
@@ -145,12 +173,7 @@ def _round_trip(bench: Bench, square: Row, source: Any, layout: Layout) -> list[
     cand.load_state_dict(own, strict=True)
     back = measure.build(bench.baseline, square.canonical, device, param_dtype)
     back.load_state_dict(lifecycle.to_torch(cand.state_dict(), layout.pairs), strict=True)
-    return [(cand, layout), (back, _identity(layout))]
-
-
-def _identity(layout: Layout) -> Layout:
-    """torch.nn's own layout (its names, as they are)."""
-    return Layout(True, {name: (name, False) for name in layout.pairs})
+    return [cand, back]
 
 
 def _run(
@@ -159,16 +182,10 @@ def _run(
     setup: Row,
     name: str,
     p: Prepared,
-    modules: list[tuple[Any, Layout]],
+    candidate: tuple[Any, Layout],
     row: MeasurementRow,
 ) -> None:
-    """One later case on each of ``modules``: the worst errors of them all, as the candidate's."""
+    """One later case with a forward and backward, into ``row`` (its flags too)."""
     case = onetensor.Case(name, [p.x])
-    for module in modules:
-        errs, stats, _ = run_case(bench, setup, case, (p,), module, row["flags"])
-        have, have_stats = row["cases"].setdefault(name, {}), row["stats"].setdefault(name, {})
-        for tensor, (got, base) in errs.items():
-            old = have.get(tensor, [0.0, 0.0])
-            have[tensor] = [max(old[0], got), max(old[1], base)]
-            if tensor in stats:
-                measure.worst_stats(have_stats, tensor, stats[tensor])
+    errs, stats, _ = run_case(bench, setup, case, (p,), candidate, row["flags"])
+    row["cases"][name], row["stats"][name] = errs, stats
