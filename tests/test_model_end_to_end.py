@@ -126,15 +126,16 @@ def test_a_model_unlike_torchs_defaults_is_locked_as_it_is_and_applied_unchanged
 
 @pytest.mark.slow
 def test_a_pinned_class_that_diverges_at_the_model_level_writes_no_lock(tmp_path, capsys):
-    """Issue 54: StaleCopyLayerNorm passes every per-kernel check (its weights never change
-    there) and computes with its first weight after an optimizer step; the probe's model check
-    names the site and the phase, exits 3 and keeps no lock (docs/probe.md)."""
-    stale = "kp_zoo.norms.StaleCopyLayerNorm"
+    """Issue 54: LateStaleCopyLayerNorm passes every per-kernel check (there its weights change
+    once: issue 55's second life) and computes with a stale weight from the second optimizer step;
+    the probe's model check names the site and the phase, exits 3 and keeps no lock
+    (docs/probe.md)."""
+    stale = "kp_zoo.norms.LateStaleCopyLayerNorm"
     out = tmp_path / "kernel-lock.toml"
     pin = ["--candidate", f"LayerNorm={stale}", "--pin", f"LayerNorm=custom:{stale}"]
     code, _, err = run_cli(["--model", SPEC, "--out", out, *SMALL, *pin], capsys)
     assert code == 3, err
-    assert "site norm1 diverges (phase 'after optimizer step 1'" in err, err
+    assert "site norm1 diverges (phase 'after optimizer step 2'" in err, err
     assert "no lock written" in err and "--no-model-check" in err
     assert not out.exists()
     # the user's explicit choice: unchecked, written, nothing recorded

@@ -3,7 +3,8 @@
 Once, its layout (``layout``) and where its parameters start (``onetensor``). Then per (dtype,
 regime), beside torch.nn with the same parameters on ``onetensor.cases``: errors against float64
 forward and backward, flags, repeatability, the blocks a norm sits in (where its output dtype
-differs), the twin. What the slot's candidates share is made once per worker; no verdicts here.
+differs), the cases as training and inference use the kernel (``inuse``), the twin. What the
+slot's candidates share is made once per worker; no verdicts here.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from kernel_lock.slots import confusable, torch_device
 from kernel_probe.candidates import Candidate, canonical_for, default_for
 from kernel_probe.isolation import protocol
 from kernel_probe.isolation.protocol import CheckReply, ErrorStats, MeasurementRow
-from kernel_probe.probe import measure, onetensor
+from kernel_probe.probe import inuse, measure, onetensor
 from kernel_probe.probe.layout import Layout, discover, shapes
 from kernel_probe.probe.limits import CHECK_HIDDEN
 
@@ -222,6 +223,7 @@ class Shared:
     cases: tuple[tuple[onetensor.Case, tuple[Prepared, ...]], ...] = ()
     gen_state: Any = None
     skipped: str = ""
+    later: inuse.Later | Exception | None = None  # the cases after the first life (issue 55)
 
     def row(self) -> Row:
         """The row's set-up with a generator of the candidate's own, where the cases left it."""
@@ -272,7 +274,14 @@ def _prepare(bench: Bench, name: str, regime: str, base_layout: Layout) -> Share
                 skip = torch.randn(*out_shape, generator=gen).to(device, x.dtype)
             inputs.append(_prepared(bench, setup, case, (base_mod, base_layout), x, gy, skip))
         prepared.append((case, tuple(inputs)))
-    return Shared(setup, base_mod, tuple(prepared), gen.get_state())
+    try:
+        base = (base_mod, base_layout)
+        later: inuse.Later | Exception = inuse.prepare(
+            bench, setup, base, lambda s: _baseline(bench, s, base_layout), _prepared
+        )
+    except Exception as exc:  # raised again where each candidate measures, as _prepared's are
+        later = exc
+    return Shared(setup, base_mod, tuple(prepared), gen.get_state(), later=later)
 
 
 def _prepared(bench: Bench, setup: Row, case: Any, baseline: tuple, x, gy, skip) -> Prepared:
@@ -314,7 +323,8 @@ def _baseline(bench: Bench, setup: Row, base_layout: Layout) -> Any:
 def _measure(
     bench: Bench, shared: Shared, row: MeasurementRow, layout: Layout, base_layout: Layout
 ) -> None:
-    """The candidate with the row's parameters on every case, then the per-row checks, into row."""
+    """The candidate with the row's parameters on every case, then the per-row checks, then the
+    cases as training and inference use it (``inuse``: the module is updated in place), into row."""
     # unshared, the row's own generator draws on where the cases left it, as it always did
     setup = shared.setup if bench.shared is None else shared.row()
     t_build = time.perf_counter()
@@ -327,11 +337,15 @@ def _measure(
             bench, setup, case, inputs, (mod, layout), row["flags"]
         )
     row["out_dtype"] = out_dtype
-    row["nondeterministic"] = onetensor.repeatability(bench, setup, mod, layout)
+    row["nondeterministic"] = onetensor.repeatability(bench, setup, layout)
     if protocol.FLAG_OUTPUT_DTYPE in row["flags"] and confusable(bench.cand.semantics):  # a norm
         row["blocks"] = onetensor.blocks(
             bench, setup, (mod, layout), (shared.base_mod, base_layout)
         )
+    if isinstance(shared.later, Exception):
+        raise shared.later
+    assert shared.later is not None  # made with the cases
+    inuse.measure_later(bench, setup, shared.later, (mod, layout), row, _measure_case)
     row["seconds"] = time.perf_counter() - t_build
     row["twin"] = onetensor.twin_check(bench, setup, mod, layout)
 

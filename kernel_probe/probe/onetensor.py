@@ -6,7 +6,6 @@ forward+backward pass, where fresh parameters start, and a row's checks after it
 from __future__ import annotations
 
 import contextlib
-import copy
 import functools
 import math
 from collections.abc import Iterator, Mapping
@@ -19,7 +18,7 @@ import torch.nn.functional as F
 from kernel_lock.checkpoint import migrate_module_state, parse_rule
 from kernel_lock.slots import linear as blas_lib
 from kernel_probe.candidates import Candidate
-from kernel_probe.probe import measure
+from kernel_probe.probe import lifecycle, measure
 from kernel_probe.probe.layout import Layout
 from kernel_probe.probe.measure import autocasting
 
@@ -213,7 +212,7 @@ def run_pass(
     module: Any, x: Any, gy: Any, skip: Any, autocast: tuple[str, Any] | None, layout: Layout
 ) -> dict[str, Any]:
     """Forward + backward: y, dx, the parameters' gradients, and whether the inputs survived."""
-    x = _fresh_like(x)
+    x = lifecycle.fresh_like(x)  # a view stays a view
     x_before = x.clone()
     x.requires_grad_(True)
     for p in module.parameters():
@@ -236,17 +235,6 @@ def run_pass(
         "input_intact": bool(torch.equal(x.detach(), x_before)),
         "skip_grad": skip_grad.detach() if skip_grad is not None else None,
     }
-
-
-def _fresh_like(x: Any) -> Any:
-    """A copy with the same layout: a non-contiguous case stays a padded, transposed view."""
-    if x.is_contiguous():
-        return x.detach().clone()
-    shape = list(x.shape)
-    buf = torch.empty(
-        shape[1], shape[0], *shape[2:-1], shape[-1] + 8, dtype=x.dtype, device=x.device
-    )
-    return buf[..., : shape[-1]].transpose(0, 1).copy_(x.detach())
 
 
 def bits_equal(a: Any, b: Any) -> bool:
@@ -361,17 +349,17 @@ DETERMINISM_ROWS = 512
 BLOCKS = ("pre-norm", "post-norm")
 
 
-def repeatability(bench: Bench, setup: Row, module: Any, layout: Layout) -> str | None:
-    """None when two runs on the same input are bitwise equal; else what differed."""
+def repeatability(bench: Bench, setup: Row, layout: Layout) -> str | None:
+    """None when two runs on the same input, each on a candidate freshly built with the row's
+    parameters, are bitwise equal; else what differed. Built, never copied: a copy carries what
+    the first is holding (a cached weight)."""
     device, gen = bench.torch_device, setup.gen
     x = (torch.randn(DETERMINISM_ROWS, bench.hidden, generator=gen) + 0.3).to(device, setup.dtype)
     gy = (torch.randn(DETERMINISM_ROWS, setup.width, generator=gen) * 0.7).to(device, setup.dtype)
     runs = []
     for _ in range(2):
-        try:
-            m = copy.deepcopy(module)  # a fresh copy, the same parameters
-        except Exception:  # some foreign modules do not deepcopy: run the same module twice
-            m = module
+        m = measure.build(bench.cand, setup.canonical, device, setup.param_dtype)
+        load_parameters(m, setup.params, layout)
         runs.append(run_pass(m, x, gy, None, setup.autocast, layout))
     a, b = runs
     differ = [name for name in ("y", "dx") if not bits_equal(a[name], b[name])]

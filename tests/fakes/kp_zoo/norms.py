@@ -618,3 +618,102 @@ class StaleCopyLayerNorm(_Norm):
             self._weight = self.weight.detach().clone()
         weight = self._weight + (self.weight - self.weight.detach())  # stale value, live gradient
         return _ln32(x, weight, self.bias, self.eps)
+
+
+# ---- issue 55: right on a fresh module's first training call, wrong as training and inference
+# use it (each rejected by one case of kernel_probe.probe.lifecycle) ---------------------------
+class StaleWeightLinear(GoodLinear):
+    """Caches its weight transposed (a cast copy, as an FP8 weight cache does) at the first forward
+    and computes with it from then on, its gradient still reaching the weight: wrong after an
+    optimizer step changes the weight in place."""
+
+    def forward(self, x):
+        if not hasattr(self, "_weight_t"):
+            self._weight_t = self.weight.detach().t().contiguous()
+        weight = self._weight_t.t() + (self.weight - self.weight.detach())  # stale value, live grad
+        return F.linear(x, weight, self.bias)
+
+
+class EvalUnbiasedLayerNorm(_Norm):
+    """In eval mode another path, with the unbiased variance (n - 1)."""
+
+    def forward(self, x):
+        if self.training:
+            return _ln32(x, self.weight, self.bias, self.eps)
+        xf = x.float()
+        mean, var = xf.mean(-1, keepdim=True), xf.var(-1, unbiased=True, keepdim=True)
+        y = (xf - mean) * torch.rsqrt(var + self.eps) * self.weight.float() + self.bias.float()
+        return y.to(x.dtype)
+
+
+def _fast_path():
+    """Where a fused no-grad kernel runs: no autograd graph is recorded."""
+    return not torch.is_grad_enabled()
+
+
+class NoGradNoBiasLayerNorm(_Norm):
+    """A no-grad fast path (a fused inference kernel) that drops the bias."""
+
+    def forward(self, x):
+        return _ln32(x, self.weight, None if _fast_path() else self.bias, self.eps)
+
+
+class NoGradNoBiasLinear(GoodLinear):
+    """The same for a Linear."""
+
+    def forward(self, x):
+        return F.linear(x, self.weight, None if _fast_path() else self.bias)
+
+
+class InferenceModeNoBiasLinear(GoodLinear):
+    """Drops the bias under torch.inference_mode() only (plain no_grad is right)."""
+
+    def forward(self, x):
+        return F.linear(x, self.weight, None if torch.is_inference_mode_enabled() else self.bias)
+
+
+def _stride_one(x):
+    """``x`` as a kernel that takes its rows' stride and assumes stride 1 along them reads it."""
+    if x.dim() != 2:
+        x = x.reshape(-1, x.shape[-1])  # a copy for a view that does not flatten, else a view
+    return x.as_strided(x.shape, (x.stride(0), 1))
+
+
+class StrideOneLayerNorm(_Norm):
+    """Assumes its input's last dimension has stride 1 (its 2-D rows' stride taken as given)."""
+
+    def forward(self, x):
+        return _ln32(_stride_one(x), self.weight, self.bias, self.eps).reshape(x.shape)
+
+
+class StrideOneLinear(GoodLinear):
+    """The same for a Linear."""
+
+    def forward(self, x):
+        return F.linear(_stride_one(x), self.weight, self.bias).reshape(*x.shape[:-1], -1)
+
+
+class SquareTransposingLinear(GoodLinear):
+    """``load_state_dict`` transposes any square weight, as a Conv1D-layout heuristic does: right
+    with parameters copied in place, wrong after loading a checkpoint of a square Linear."""
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        key = prefix + "weight"
+        w = state_dict.get(key)
+        if w is not None and w.dim() == 2 and w.shape[0] == w.shape[1]:
+            state_dict[key] = w.t().contiguous()
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
+
+class LateStaleCopyLayerNorm(_Norm):
+    """StaleCopyLayerNorm's bug, one step later: takes its copy again once, at the first forward
+    after the weight first changed, then never. Right at fixed weights and after one update (all
+    the per-kernel checks see), stale from the second optimizer step: the model check's to catch."""
+
+    def forward(self, x):
+        version = self.weight._version
+        if not hasattr(self, "_weight") or (version != self._taken and not self._again):
+            self._again = hasattr(self, "_weight")
+            self._weight, self._taken = self.weight.detach().clone(), version
+        weight = self._weight + (self.weight - self.weight.detach())  # stale value, live gradient
+        return _ln32(x, weight, self.bias, self.eps)

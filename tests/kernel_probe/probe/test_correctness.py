@@ -381,7 +381,9 @@ def test_a_wrong_input_gradient_is_measured_as_the_candidates_own(monkeypatch):
     assert got > 1e-2 and torch_nn < 1e-6, (got, torch_nn)
     assert row["cases"]["random"]["y"][0] < 1e-6  # the forward is right
     v = judge_row(row["dtype"], "cpu", "layer_norm", row)
-    assert v.status == "rejected" and v.failed == ("random:dx",)
+    # the later cases (after an update, loaded, on views: kernel_probe.probe.inuse) have a dx too
+    assert v.status == "rejected" and "random:dx" in v.failed
+    assert {f.split(":")[1] for f in v.failed} == {"dx"}, v.failed
     # the same row of a right kernel passes
     right = measured_row("LayerNorm=kp_zoo.norms.GoodLayerNorm")
     assert right["cases"]["random"]["dx"][0] < 1e-6
