@@ -174,6 +174,8 @@ def _errors(got: Mapping, bases: list, ref: Mapping, vanishing: tuple) -> tuple[
     """Per output: [the candidate's error, torch's (its paths' larger)], and the statistics per row
     (none for a vanishing output: its error is measured against max|dv| by the max alone)."""
     dv_scale = float(ref["dv"].abs().max())
+    # float32 sums into each output: the scores' over head_dim, then P's over the keys
+    terms = int(ref["dk"].shape[-1] + ref["dk"].shape[-2])
     out, stats = {}, {}
     for name in OUTPUTS:
         denom = dv_scale if name in vanishing else None
@@ -186,7 +188,7 @@ def _errors(got: Mapping, bases: list, ref: Mapping, vanishing: tuple) -> tuple[
         m, f = (measure.compare(got64, b[name].double(), ref64, rows=True)[1] for b in bases)
         for key in ("rms", "bias", "sd"):
             m[key] = [m[key][0], max(m[key][1], f[key][1])]
-        stats[name] = m
+        stats[name] = {**m, "terms": terms}
     return out, stats
 
 
