@@ -27,6 +27,7 @@ from kernel_probe.isolation.protocol import (
     TimeReply,
     TryReply,
 )
+from kernel_probe.probe import lifecycle
 from kernel_probe.probe.layout import Layout
 from kernel_probe.probe.report import Problem, Report, ReportBase, Verdict
 from kernel_probe.probe.tolerance import judge_output, judge_shape, ratio
@@ -44,6 +45,7 @@ HINTS = {
     "gelu-gap": "|x| in 0.5..4: where GELU's erf and tanh forms differ most",
     "tiny": "|x| from 1e-6 to 1e-2: relative accuracy near zero",
     "non-contiguous": "a non-contiguous (transposed) 3-D view",
+    **lifecycle.HINTS,  # as training and inference use a kernel (issue 55), every slot's
 }
 _DTYPE_PROBLEM = re.compile(
     r"not implemented for|unsupported (data)?type|unsupported dtype|dtype.*not "

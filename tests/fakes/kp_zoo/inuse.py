@@ -1,0 +1,59 @@
+"""Activation, Attention and GatedMLP fakes of issue 55's bug classes: right on a fresh module's
+first training call, wrong as training or inference uses it (after an update, in eval mode, under
+no_grad, on a view, after a load, at large magnitudes). Each has one flaw; offered as
+``--candidate SLOT=kp_zoo.inuse.NAME``."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+# ---- Activation --------------------------------------------------------------------------------
+class EvalTanhGELU(nn.Module):
+    """GELU, exact in training; in eval mode another path (the tanh form, ~4.7e-4 off)."""
+
+    def forward(self, x):
+        return F.gelu(x, approximate="none" if self.training else "tanh")
+
+
+class NoGradTanhGELU(nn.Module):
+    """GELU, exact where autograd records; a no-grad / inference fast path of the tanh form."""
+
+    def forward(self, x):
+        return F.gelu(x, approximate="none" if torch.is_grad_enabled() else "tanh")
+
+
+def _as_if_contiguous(x):
+    """x's storage read as if its last dimension had stride 1 (a kernel's pointer arithmetic)."""
+    if x.is_contiguous():
+        return x
+    strides, step = [], 1
+    for n in reversed(x.shape):
+        strides.insert(0, step)
+        step *= n
+    return x.as_strided(x.shape, strides)
+
+
+class _ContiguousGELU(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return F.gelu(_as_if_contiguous(x.detach())).contiguous()
+
+    @staticmethod
+    def backward(ctx, gy):
+        (x,) = ctx.saved_tensors
+        with torch.enable_grad():
+            xf = x.detach().contiguous().requires_grad_(True)
+            (dx,) = torch.autograd.grad(F.gelu(xf), xf, gy)
+        return dx
+
+
+class StrideOneGELU(nn.Module):
+    """GELU reading its input's memory as if contiguous (the last dimension's stride assumed 1):
+    right on a contiguous input, on a view it reads other elements (or a strided one's gaps)."""
+
+    def forward(self, x):
+        return _ContiguousGELU.apply(x)
