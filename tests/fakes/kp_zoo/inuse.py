@@ -9,6 +9,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from kernel_lock.gated_mlp import GatedMLP
+
 
 # ---- Activation --------------------------------------------------------------------------------
 class EvalTanhGELU(nn.Module):
@@ -57,3 +59,40 @@ class StrideOneGELU(nn.Module):
 
     def forward(self, x):
         return _ContiguousGELU.apply(x)
+
+
+# ---- GatedMLP ------------------------------------------------------------------------------------
+class CachedWeightGatedMLP(GatedMLP):
+    """Its weights transposed and cast once, at the first forward, and reused ever after (TE's FP8
+    weight cache; float8 experiments): right until an optimizer step changes them in place."""
+
+    def forward(self, x):
+        projections = (self.gate_proj, self.value_proj)
+        if not hasattr(self, "_cache"):
+            self._cache = [p.weight.detach().t().clone() for p in projections]
+        # the forward sees the cached copy; the gradient still reaches the weight (as TE's does)
+        gate, value = (
+            F.linear(x, p.weight + (c.t().to(p.weight.dtype) - p.weight).detach(), p.bias)
+            for p, c in zip(projections, self._cache, strict=True)
+        )
+        return self.gate_and_multiply(gate, value)
+
+
+class Conv1DLoadGatedMLP(GatedMLP):
+    """``load_state_dict`` transposes every square weight (GPT-2's Conv1D heuristic): right with
+    anemoi's rectangular weights, wrong after loading a square one."""
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        for key, t in list(state_dict.items()):
+            square = t.dim() == 2 and t.shape[0] == t.shape[1]
+            if key.startswith(prefix) and key.endswith("weight") and square:
+                state_dict[key] = t.t().contiguous()
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
+
+class ProductFirstGatedMLP(GatedMLP):
+    """SwiGLU as ``(g * v) * sigmoid(g)`` in the inputs' dtype: the same value as ``silu(g) * v``
+    in exact arithmetic, inf in fp16 where |g * v| > 65504 while ``silu(g) * v`` fits."""
+
+    def gate_and_multiply(self, gate, value):
+        return (gate * value) * torch.sigmoid(gate)

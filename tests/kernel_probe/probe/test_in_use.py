@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import pytest
 
+from kernel_probe import candidates as cands
 from kernel_probe.probe import lifecycle
+from kernel_probe.probe.report import report_base
+from kernel_probe.slots import gated_mlp, gated_mlp_kernels
 from tests.kernel_probe.probe import test_activation as act
 
 ACTIVATION_CASES = {*lifecycle.INFERENCE, *lifecycle.VIEWS, lifecycle.AFTER_UPDATE}
@@ -42,3 +45,51 @@ def test_an_activation_wrong_in_use_is_rejected_for_that_use(fake, cases, reason
     v, failed = _failed(report)
     assert failed == cases, v.failed
     assert any(reason in r for r in report.reasons), report.reasons
+
+
+# ---- GatedMLP ------------------------------------------------------------------------------------
+GATED_ALL = [*act.ALL, ("float16", "mixed")]
+FP16 = [("float16", "true"), ("float16", "mixed")]
+GATED_CASES = {*lifecycle.HINTS, "random", "wide-gate"}
+
+
+def _gated(target_or_id, implementation, dtypes):
+    """The GatedMLP check and verdict, in-process (torch's own: anemoi's layer where installed)."""
+    if target_or_id.startswith("kp_"):
+        cand = cands.from_command_line(f"GatedMLP={target_or_id}")
+    else:
+        cand = next(c for c in cands.builtin() if c.id == target_or_id)
+    overrides = {"mlp_implementation": implementation}
+    raw = gated_mlp_kernels.check(cand, "cpu", dtypes, canonical_overrides=overrides)
+    return raw, gated_mlp.judge(raw, cand, "cpu", report_base(cand, "GatedMLP", "cpu"))
+
+
+@pytest.mark.parametrize("implementation", ["swiglu", "geglu", "reglu"])
+def test_torchs_gated_mlp_is_accepted_with_every_case_measured(implementation):
+    raw, report = _gated("torch.gated_mlp", implementation, GATED_ALL)
+    assert report.status == "accepted", report.reasons
+    for row in raw.rows:
+        low = row["dtype"] in ("float16", "bfloat16")
+        assert set(row["cases"]) == GATED_CASES | ({"overflow"} if low else set())
+        assert set(row["cases"][lifecycle.NO_GRAD]) == {"y"}
+
+
+@pytest.mark.parametrize(
+    "fake,cases,dtypes,reason",
+    [
+        ("CachedWeightGatedMLP", {"after-update"}, act.ALL, "after-update (after an in-place"),
+        ("Conv1DLoadGatedMLP", {"loaded"}, act.ALL, "loaded (after load_state_dict): y error"),
+        ("ProductFirstGatedMLP", {"overflow"}, FP16, "overflow (gate -6..-2"),
+    ],
+)  # fmt: skip
+def test_a_gated_mlp_wrong_in_use_is_rejected_for_that_use(fake, cases, dtypes, reason):
+    _, report = _gated(f"kp_zoo.inuse.{fake}", "swiglu", dtypes)
+    assert report.status == "rejected"
+    for v in report.verdicts:
+        assert {f.split(":")[0] for f in v.failed} == cases, (v.dtype, v.regime, v.failed)
+    assert all(reason in r for r in report.reasons), report.reasons
+
+
+def test_the_order_of_operations_passes_where_nothing_overflows():
+    _, report = _gated("kp_zoo.inuse.ProductFirstGatedMLP", "swiglu", act.ALL[:3])
+    assert report.status == "accepted", report.reasons
