@@ -18,6 +18,7 @@ from kernel_lock.model import Site
 from kernel_lock.slots import DTYPES, attention
 from kernel_lock.slots.base import Param
 from kernel_probe.errors import UsageError
+from kernel_probe.probe import lifecycle
 from kernel_probe.probe.limits import TIMING_TIMEOUT
 
 from .base import Option, Slot, dims
@@ -194,6 +195,11 @@ HINTS = {
     "window": "the model's window",
     "small-window": f"the band's edge (window {SMALL_WINDOW})",
     "second-length": "a second sequence length through the same instance (a cached mask)",
+    # as training and inference use it (issue 55); no parameters: no update, no state dict
+    **{k: v for k, v in lifecycle.HINTS.items() if k != lifecycle.LOADED},
+    lifecycle.AFTER_UPDATE: "a second call of the same instance on fresh inputs",
+    lifecycle.TRANSPOSED: "q, k, v and grad_output with heads and sequence transposed",
+    lifecycle.STRIDED: "q, k, v every other row of a sequence twice as long (a strided sequence)",
 }
 # the model's options, and what its calls pass: the value that means "the model sets none"
 UNSET: dict[str, Any] = {"window": -1, "softcap": 0.0, "dropout": 0.0, "alibi": False}

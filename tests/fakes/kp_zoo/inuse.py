@@ -5,10 +5,13 @@ no_grad, on a view, after a load, at large magnitudes). Each has one flaw; offer
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from kernel_lock.attention import SDPAttention
 from kernel_lock.gated_mlp import GatedMLP
 
 
@@ -96,3 +99,49 @@ class ProductFirstGatedMLP(GatedMLP):
 
     def gate_and_multiply(self, gate, value):
         return (gate * value) * torch.sigmoid(gate)
+
+
+# ---- Attention -----------------------------------------------------------------------------------
+class EvalScaleAttention(SDPAttention):
+    """torch's SDPA in training; in eval mode another path, whose scale is 1/sqrt(head_dim + 1)."""
+
+    def attend(self, q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa):
+        if not self.training and scale is None:
+            scale = 1.0 / math.sqrt(q.shape[-1] + 1)
+        return super().attend(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+
+
+class NoGradHalfAttention(SDPAttention):
+    """torch's SDPA where autograd records; a no-grad / inference fast path in float16."""
+
+    def attend(self, q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa):
+        if torch.is_grad_enabled():
+            return super().attend(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+        half = [t.half() for t in (q, k, v)]
+        mask = (
+            attn_mask.half()
+            if attn_mask is not None and attn_mask.is_floating_point()
+            else attn_mask
+        )
+        out = super().attend(*half, mask, dropout_p, is_causal, scale, enable_gqa)
+        return out.to(q.dtype)
+
+
+class StrideOneAttention(SDPAttention):
+    """torch's SDPA on q, k, v read as if contiguous (BHSD offsets from the shape alone): right on
+    contiguous tensors, on a view it attends to other elements (or a strided one's gaps)."""
+
+    def attend(self, q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa):
+        q, k, v = (_as_if_contiguous(t) for t in (q, k, v))
+        return super().attend(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+
+
+class FirstOutputAttention(SDPAttention):
+    """Caches its first output per shape and returns it on later calls of that shape (a kernel
+    memoising its result: right on every first call). Its gradients are computed afresh."""
+
+    def attend(self, q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa):
+        out = super().attend(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+        memo = self.__dict__.setdefault("_memo", {})
+        first = memo.setdefault((tuple(q.shape), q.dtype), out.detach())
+        return out + (first - out).detach()

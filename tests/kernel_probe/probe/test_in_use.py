@@ -10,8 +10,9 @@ import pytest
 from kernel_probe import candidates as cands
 from kernel_probe.probe import lifecycle
 from kernel_probe.probe.report import report_base
-from kernel_probe.slots import gated_mlp, gated_mlp_kernels
+from kernel_probe.slots import attention_kernels, gated_mlp, gated_mlp_kernels
 from tests.kernel_probe.probe import test_activation as act
+from tests.kernel_probe.probe import test_attention as attn
 
 ACTIVATION_CASES = {*lifecycle.INFERENCE, *lifecycle.VIEWS, lifecycle.AFTER_UPDATE}
 
@@ -93,3 +94,41 @@ def test_a_gated_mlp_wrong_in_use_is_rejected_for_that_use(fake, cases, dtypes, 
 def test_the_order_of_operations_passes_where_nothing_overflows():
     _, report = _gated("kp_zoo.inuse.ProductFirstGatedMLP", "swiglu", act.ALL[:3])
     assert report.status == "accepted", report.reasons
+
+
+# ---- Attention -----------------------------------------------------------------------------------
+ATTENTION_CASES = {*lifecycle.INFERENCE, *lifecycle.VIEWS, lifecycle.AFTER_UPDATE}
+
+
+@pytest.mark.parametrize("cid", ["torch.sdpa", "torch.sdpa.math", "torch.sdpa.flash"])
+def test_torchs_attention_is_accepted_with_every_case_measured(cid):
+    raw, report = attn.verdict(cid, {"causal": True}, attn.BOTH)
+    assert report.status == "accepted", report.reasons
+    for row in raw.rows:
+        assert set(row["cases"]) >= ATTENTION_CASES
+        assert set(row["cases"][lifecycle.INFERENCE_MODE]) == {"out"}
+        assert set(row["cases"][lifecycle.STRIDED]) == set(attention_kernels.OUTPUTS)
+
+
+@pytest.mark.parametrize(
+    "fake,cases,reason",
+    [
+        ("EvalScaleAttention", {"eval"}, "eval (in eval mode): out error"),
+        ("NoGradHalfAttention", {"no-grad", "inference-mode"}, "no-grad (under torch.no_grad())"),
+        # the second length is a slice of the sequence: a view too
+        ("StrideOneAttention", {*lifecycle.VIEWS, "non-contiguous", "second-length"}, "strided"),
+    ],
+)
+def test_an_attention_wrong_in_use_is_rejected_for_that_use(fake, cases, reason):
+    _, report = attn.verdict(f"kp_zoo.inuse.{fake}")
+    assert report.status == "rejected"
+    v, failed = _failed(report)
+    assert failed == cases, v.failed
+    assert any(reason in r for r in report.reasons), report.reasons
+
+
+def test_a_second_call_that_returns_the_first_calls_output_is_rejected():
+    _, report = attn.verdict("kp_zoo.inuse.FirstOutputAttention")
+    assert report.status == "rejected"
+    v, failed = _failed(report)
+    assert lifecycle.AFTER_UPDATE in failed, v.failed
