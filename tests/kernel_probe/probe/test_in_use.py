@@ -5,9 +5,12 @@ torch's own accepted with every such case measured."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from kernel_probe import candidates as cands
+from kernel_probe.cli import main
 from kernel_probe.probe import lifecycle
 from kernel_probe.probe.report import report_base
 from kernel_probe.slots import attention_kernels, gated_mlp, gated_mlp_kernels
@@ -132,3 +135,38 @@ def test_a_second_call_that_returns_the_first_calls_output_is_rejected():
     assert report.status == "rejected"
     v, failed = _failed(report)
     assert lifecycle.AFTER_UPDATE in failed, v.failed
+
+
+# ---- through `kernel-probe check`: the probe's check loop, each candidate in its worker -------
+IN_CHECK = {
+    "Activation": {"EvalTanhGELU": "eval", "NoGradTanhGELU": "no-grad", "StrideOneGELU": "strided"},
+    "Attention": {
+        "EvalScaleAttention": "eval",
+        "NoGradHalfAttention": "inference-mode",
+        "StrideOneAttention": "transposed",
+        "FirstOutputAttention": "after-update",
+    },
+    "GatedMLP": {
+        "CachedWeightGatedMLP": "after-update",
+        "Conv1DLoadGatedMLP": "loaded",
+        "ProductFirstGatedMLP": "overflow",
+    },
+}
+
+
+@pytest.mark.slow  # three slots' workers, float32 and float16: ~40 s on 2 cores
+def test_kernel_probe_check_rejects_each_for_its_reason_and_accepts_torchs(capsys):
+    argv = ["check", "--json", "--dtype", "fp32", "--dtype", "fp16"]
+    for slot, fakes in IN_CHECK.items():
+        argv += ["--slot", slot]
+        argv += [a for fake in fakes for a in ("--candidate", f"{slot}=kp_zoo.inuse.{fake}")]
+    assert main(argv) == 0
+    reports = json.loads(capsys.readouterr().out)["slots"]
+    for slot, fakes in IN_CHECK.items():
+        by_id = {r["id"]: r for r in reports[slot]}
+        for fake, case in fakes.items():
+            r = by_id[f"custom:kp_zoo.inuse.{fake}"]
+            assert r["status"] == "rejected", (fake, r["reasons"])
+            assert any(f": {case} (" in x for x in r["reasons"]), (fake, r["reasons"])
+        default = next(r for r in reports[slot] if r["id"].startswith("torch."))
+        assert default["status"] == "accepted", default["reasons"]
