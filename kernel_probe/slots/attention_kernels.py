@@ -29,6 +29,7 @@ from kernel_probe.probe.measure import rel
 from kernel_probe.slots.attention import (
     SMALL_WINDOW,
     UNSET,
+    VANISHING,
     canonical_options,
     keys_seen,
     parse_geometry,
@@ -102,7 +103,8 @@ def cases(dtype: Any, gen: torch.Generator) -> list[Case]:
     q = randn(1, h, s, d, scale=2.5)
     value = randn(1, h, 1, d).expand(1, h, s, d).contiguous()
     k = q + randn(1, h, s, d, scale=0.2)
-    out.append(Case("sharp-equal-values", q, k, value, randn(1, h, s, d), ("dq", "dk")))
+    sharp = "sharp-equal-values"
+    out.append(Case(sharp, q, k, value, randn(1, h, s, d), VANISHING[sharp]))
     # a non-contiguous view: what anemoi's rearrange of a (batch, grid, heads, vars) tensor gives
     q, k = randn(1, s, h, d).transpose(1, 2), randn(1, s, h, d).transpose(1, 2)
     out.append(Case("non-contiguous", q, k, randn(1, h, s, d), randn(1, h, s, d)))

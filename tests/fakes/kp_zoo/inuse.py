@@ -145,3 +145,50 @@ class FirstOutputAttention(SDPAttention):
         memo = self.__dict__.setdefault("_memo", {})
         first = memo.setdefault((tuple(q.shape), q.dtype), out.detach())
         return out + (first - out).detach()
+
+
+class _RoundedSoftmaxDelta(torch.autograd.Function):
+    """Attention with float32 accumulation whose backward takes softmax's delta, rowsum(P * dP),
+    from P rounded to the inputs' dtype: where every key carries the same value dP is constant
+    along the row, dS = P (dP - delta) must vanish and with a rounded P it does not (anemoi-core
+    #1027's class)."""
+
+    @staticmethod
+    def scores(q, k, mask, scale):
+        s = (q.float() @ k.float().transpose(-1, -2)) * scale
+        if mask is None:
+            return s
+        return s.masked_fill(~mask, -math.inf) if mask.dtype == torch.bool else s + mask.float()
+
+    @staticmethod
+    def forward(ctx, q, k, v, mask, scale):
+        s = _RoundedSoftmaxDelta.scores(q, k, mask, scale)
+        lse = torch.logsumexp(s, -1, keepdim=True)
+        ctx.save_for_backward(q, k, v, lse)
+        ctx.mask, ctx.scale = mask, scale
+        return (torch.exp(s - lse) @ v.float()).to(q.dtype)
+
+    @staticmethod
+    def backward(ctx, go):
+        q, k, v, lse = ctx.saved_tensors
+        p = torch.exp(_RoundedSoftmaxDelta.scores(q, k, ctx.mask, ctx.scale) - lse)
+        dp = go.float() @ v.float().transpose(-1, -2)
+        delta = (p.to(q.dtype).float() * dp).sum(-1, keepdim=True)  # the flaw: P rounded
+        ds = p * (dp - delta)
+        dq = (ds @ k.float()) * ctx.scale
+        dk = (ds.transpose(-1, -2) @ q.float()) * ctx.scale
+        dv = p.transpose(-1, -2) @ go.float()
+        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None
+
+
+class RoundedDeltaAttention(SDPAttention):
+    """``_RoundedSoftmaxDelta`` with the window, causal and the caller's mask; no grouped heads or
+    dropout (it refuses them)."""
+
+    def attend(self, q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa):
+        if enable_gqa or dropout_p:
+            raise NotImplementedError("RoundedDeltaAttention takes no grouped heads or dropout")
+        mask, is_causal = self._masked(q, k, attn_mask, is_causal)
+        if is_causal:
+            mask = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool).tril()
+        return _RoundedSoftmaxDelta.apply(q, k, v, mask, scale or 1.0 / math.sqrt(q.shape[-1]))

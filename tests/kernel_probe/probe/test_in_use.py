@@ -145,6 +145,7 @@ IN_CHECK = {
         "NoGradHalfAttention": "inference-mode",
         "StrideOneAttention": "transposed",
         "FirstOutputAttention": "after-update",
+        "RoundedDeltaAttention": "sharp-equal-values",
     },
     "GatedMLP": {
         "CachedWeightGatedMLP": "after-update",
@@ -170,3 +171,16 @@ def test_kernel_probe_check_rejects_each_for_its_reason_and_accepts_torchs(capsy
             assert any(f": {case} (" in x for x in r["reasons"]), (fake, r["reasons"])
         default = next(r for r in reports[slot] if r["id"].startswith("torch."))
         assert default["status"] == "accepted", default["reasons"]
+
+
+def test_a_backward_whose_delta_comes_from_a_rounded_softmax_is_rejected_in_bf16_and_fp16():
+    """anemoi-core #1027's class: dq and dk must vanish on the sharp case; judged with float32's
+    floor (every correct path forms them in float32), not the dtype's, which let 1e-3 through."""
+    _, report = attn.verdict("kp_zoo.inuse.RoundedDeltaAttention", dtypes=attn.BOTH + FP16[:1])
+    assert report.status == "rejected"
+    for v in report.verdicts:
+        flawed = {"sharp-equal-values:dq", "sharp-equal-values:dk"}
+        expected = set() if v.dtype == "float32" else flawed
+        assert set(v.failed) == expected, (v.dtype, v.failed)
+        if expected:
+            assert v.ratios["sharp-equal-values"]["dq"] > 20
