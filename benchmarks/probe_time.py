@@ -93,7 +93,9 @@ def main() -> None:
     sides: dict[str, tuple[list[str], dict[str, str], Path]] = {"after": ([], env, ROOT)}
     if args.before_tree is not None:
         tree = args.before_tree.resolve()
-        sides["before"] = ([], {**env, "PYTHONPATH": str(tree)}, tree)
+        # run from outside the tree: the probe's workers (python -I) never take the working
+        # directory from PYTHONPATH, and would import this checkout's code through its install
+        sides["before"] = ([], {**env, "PYTHONPATH": str(tree)}, Path(tempfile.gettempdir()))
         said = f"the code in {tree}"
     else:
         sides["before"] = (["--reps", str(args.before_reps)], env, ROOT)

@@ -43,7 +43,7 @@ CHECK_RATIO = 2.67  # anemoi's configs: "use 4 (mlp) or ~2.67 (glu/swiglu/geglu/
 CHECK_ROWS = 8  # a few rows: at anemoi's shape each is 1024 in, 2734 out (the cost is the matmuls)
 PARAMS = ("gate_proj.weight", "gate_proj.bias", "value_proj.weight", "value_proj.bias")
 OUTPUTS = ("y", "dx", *PARAMS)
-FIRST = ("random", "wide-gate", *lifecycle.VIEWS)  # a fresh module's first life: fwd and bwd
+FIRST = ("random", "wide-gate")  # a fresh module's first life, at the check's width: fwd and bwd
 LOW = ("float16", "bfloat16")  # where the overflow case runs
 
 
@@ -184,12 +184,17 @@ def _row(
     # the reference from the parameters as the candidate holds them (rounded), on the CPU
     held = {k: t.to(param_dtype).to(torch.float64) for k, t in params.items()}
     run = _Run(values, function, (dtype, param_dtype, autocast), gen, row)
+    run.mods, run.held = (mod, base), held
     try:
         for case in FIRST:
             x, ys = run.case(case, (mod, base), held, 3.0 if case == "wide-gate" else 1.0)
             if case == "random":
                 _mistake(row, *ys, x.double().cpu(), held, function)
-        _in_use(run, cand, (mod, base), dtype_name)
+        # the cases in use at CHECK_IN (at anemoi's width they would outlast the check's budget)
+        small = run if values["in_features"] == CHECK_IN else run.small(cand, (mod, base))
+        for case in lifecycle.VIEWS:
+            small.case(case, small.mods, small.held)
+        _in_use(small, cand, small.mods, dtype_name)
     except Exception as exc:
         row["exception"] = measure.first_line(exc, 400)
         return row
@@ -205,7 +210,24 @@ class _Run:
         self, values: Mapping[str, Any], function: str, dtypes: tuple, gen: Any, row: Any
     ) -> None:
         self.values, self.function, self.gen, self.row = values, function, gen, row
+        self.dtypes = dtypes
         self.dtype, self.param_dtype, self.autocast = dtypes  # the inputs', parameters', autocast
+        self.mods: tuple[Any, Any] = (None, None)  # the candidate and torch's own, loaded
+        self.held: dict[str, Any] = {}  # their parameters as held, float64
+
+    def small(self, cand: Candidate, mods: tuple[Any, Any]) -> _Run:
+        """The same passes at CHECK_IN wide, on a fresh candidate and torch's own, loaded, after a
+        first random pass (recorded with the row's ``random``)."""
+        values = canonical(self.values, CHECK_IN)
+        run = _Run(values, self.function, self.dtypes, self.gen, self.row)
+        device = next(mods[1].parameters()).device
+        n_in, n_out = values["in_features"], values["out_features"]
+        params = parameters(n_in, n_out, self.gen, bool(values["bias"]))
+        built = measure.build(cand, values, device, self.param_dtype), own_layer(values)[0]
+        run.mods = (_loaded(built[0], params, run, device), _loaded(built[1], params, run, device))
+        run.held = _held(run.mods[1])
+        run.case("random", run.mods, run.held)
+        return run
 
     def inputs(self, device: Any, scale: float = 1.0, n_out: int = 0) -> tuple[Any, Any]:
         """x (ROWS x in) and grad_output (ROWS x out), drawn in float64 on the CPU."""

@@ -9,6 +9,7 @@ import json
 
 import pytest
 
+import kernel_lock
 from kernel_probe import candidates as cands
 from kernel_probe.cli import main
 from kernel_probe.probe import lifecycle
@@ -184,3 +185,22 @@ def test_a_backward_whose_delta_comes_from_a_rounded_softmax_is_rejected_in_bf16
         assert set(v.failed) == expected, (v.dtype, v.failed)
         if expected:
             assert v.ratios["sharp-equal-values"]["dq"] > 20
+
+
+@pytest.mark.slow  # a probe of three slots, fp16-mixed: ~40 s on 2 cores
+def test_the_probe_records_each_rejected_for_its_reason(tmp_path):
+    path = tmp_path / "kernel-lock.toml"
+    argv = ["--out", str(path), "--precision", "16-mixed", "--shape", "64x96"]
+    argv += ["--attention", "2x32x64", "--no-plugins"]
+    for slot, fakes in IN_CHECK.items():
+        argv += ["--slot", slot]
+        argv += [a for fake in fakes for a in ("--candidate", f"{slot}=kp_zoo.inuse.{fake}")]
+    assert main(argv) == 0
+    lock = kernel_lock.load(path, strict=True)
+    for slot, fakes in IN_CHECK.items():
+        assert lock.slots[slot].implementation.startswith("torch."), slot
+        rejected = {r.implementation: r for r in lock.slots[slot].rejected}
+        for fake, case in fakes.items():
+            r = rejected[f"custom:kp_zoo.inuse.{fake}"]
+            assert r.status == "rejected", (fake, r.reasons)
+            assert any(f": {case} (" in x for x in r.reasons), (fake, r.reasons)
