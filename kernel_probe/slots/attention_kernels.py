@@ -38,6 +38,7 @@ from kernel_probe.slots.attention import too_long as attention_too_long
 from kernel_probe.slots.attention_reference import (
     Options,
     call_mask,
+    every_other_row,
     explicit,
     fused_path,
     math_path,
@@ -112,21 +113,13 @@ def cases(dtype: Any, gen: torch.Generator) -> list[Case]:
         shape = (1, h, 16, dim)
         q, k, v, go = randn(*shape), randn(*shape), randn(*shape), randn(*shape)
         out.append(Case(f"head-dim-{dim}", q, k, v, go))
-    # the views of issue 55 that SDPA's kernels take (the last dimension contiguous): q, k, v and
-    # grad_output with heads and sequence transposed; every other row of a sequence buffer twice
-    # as long, its gaps NaN (a kernel that reads them says so)
+    # issue 55's views that SDPA's kernels take (last dimension contiguous): heads and sequence
+    # transposed; every other row of a sequence twice as long (its gaps NaN: ``every_other_row``)
     q, k, v, go = (randn(1, s, h, d).transpose(1, 2) for _ in range(4))
     out.append(Case(lifecycle.TRANSPOSED, q, k, v, go))
-    q, k, v = (_every_other_row(randn(1, h, s, d)) for _ in "qkv")
+    q, k, v = (every_other_row(randn(1, h, s, d)) for _ in "qkv")
     out.append(Case(lifecycle.STRIDED, q, k, v, randn(1, h, s, d)))
     return out
-
-
-def _every_other_row(x: Any) -> Any:
-    """``x`` as every other sequence row of a buffer twice as long whose other rows are NaN."""
-    buf = torch.full((*x.shape[:2], 2 * x.shape[2], x.shape[3]), float("nan"), dtype=x.dtype)
-    buf[:, :, ::2] = x
-    return buf[:, :, ::2]
 
 
 def _cast(case: Case, dtype: Any) -> Case:
@@ -188,23 +181,19 @@ def _run(mod: Any, case: Case, opts: Options = PLAIN) -> dict[str, Any]:
 
 def _forward(mod: Any, case: Case, opts: Options, inference: str) -> dict[str, Any]:
     """The output alone, the module called inside ``inference`` (``lifecycle.INFERENCE``)."""
-    modules = [mod] if isinstance(mod, torch.nn.Module) else []
-    with _refusals(), lifecycle.inference(inference, *modules):
+    with _refusals(), lifecycle.inference(inference, mod):
         q, k, v = (lifecycle.fresh_like(t) for t in (case.q, case.k, case.v))
         return {"out": _call(mod, q, k, v, opts).detach()}
 
 
-def _errors(
-    got: Mapping, bases: list, ref: Mapping, vanishing: tuple, names: tuple = OUTPUTS
-) -> tuple[dict, dict]:
-    """Per output of ``names``: [the candidate's error, torch's (its paths' larger)], and the
-    statistics per row (none for a vanishing output: its error is measured against max|dv| by the
-    max alone)."""
+def _errors(got: Mapping, bases: list, ref: Mapping, vanishing: tuple) -> tuple[dict, dict]:
+    """Per output in ``got``: [the candidate's error, torch's (its paths' larger)], and the
+    statistics per row (none for a vanishing output: measured against max|dv|, by the max alone)."""
     dv_scale = float(ref["dv"].abs().max())
     # float32 sums into each output: the scores' over head_dim, then P's over the keys
     terms = int(ref["dk"].shape[-1] + ref["dk"].shape[-2])
     out, stats = {}, {}
-    for name in names:
+    for name in (n for n in OUTPUTS if n in got):
         denom = dv_scale if name in vanishing else None
         theirs = max(rel(b[name], ref[name], denom) for b in bases)
         out[name] = [rel(got[name], ref[name], denom), theirs]
@@ -265,8 +254,7 @@ def _row(cand: Candidate, values: Mapping, name: str, regime: str, seed: int, sh
     calls = itertools.count()
 
     def measured(inst: Any, case: Case, opts: Options, flags: dict | None = None, **use) -> tuple:
-        # ``use``: inference=one of lifecycle.INFERENCE (the forward only, on the call ``side``'s
-        # case, whose torch side it shares)
+        # ``use``: inference=lifecycle.INFERENCE's (the forward only), side=the call it shares
         n = use.get("side", next(calls))
         case = _as_called(case, opts)
         if "inference" in use:
@@ -278,8 +266,7 @@ def _row(cand: Candidate, values: Mapping, name: str, regime: str, seed: int, sh
         if n not in sides:
             sides[n] = _torch_side(case, opts)
         base, fused, ref = sides[n]
-        names = tuple(name for name in OUTPUTS if name in got)
-        return _errors(got, [base, fused], ref, case.vanishing, names)
+        return _errors(got, [base, fused], ref, case.vanishing)
 
     start = time.perf_counter()
     dtype = measure.torch_dtype(name)
@@ -289,8 +276,7 @@ def _row(cand: Candidate, values: Mapping, name: str, regime: str, seed: int, sh
     flags: dict[str, str] = {}
     try:
         _cases(cand, values, measured, dtype, gen, (errors, stats, flags))
-        # determinism: the same fwd+bwd twice, bitwise, each on a fresh instance (built, never
-        # copied: a copy carries what the first holds)
+        # determinism: the same fwd+bwd twice, bitwise, each on a fresh instance (never copied)
         opts = Options.of(values)
         random = _as_called(random_case(dtype, torch.Generator().manual_seed(seed)), opts)
         got, again = (_run(_training(build(cand, values), values), random, opts) for _ in "ab")
@@ -305,17 +291,14 @@ def _row(cand: Candidate, values: Mapping, name: str, regime: str, seed: int, sh
 
 
 def _training(mod: Any, values: Mapping[str, Any]) -> Any:
-    """The instance as training runs it, where the model has no dropout; else in eval mode (the
-    numbers are judged without dropout: it is a capability)."""
-    return mod.train(not values["dropout"]) if isinstance(mod, torch.nn.Module) else mod
+    """In training mode where the model has no dropout, else in eval (dropout is a capability)."""
+    return mod.train(not values["dropout"])
 
 
 def _cases(
     cand: Candidate, values: Mapping[str, Any], measured: Any, dtype: Any, gen: Any, out: tuple
 ) -> None:
-    """Every case (``lifecycle``'s: the forward in eval mode, under no_grad and inference_mode on
-    the first case's input, then a second call on fresh inputs), the windows and the band's edge,
-    a second length, into ``out``."""
+    """The cases, ``lifecycle``'s, the windows and the band's edge, a second length into ``out``."""
     errors, stats, flags = out
     opts = Options.of(values)
     window = opts.window if opts.window >= 0 else CHECK_SEQ // 4
