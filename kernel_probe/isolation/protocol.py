@@ -111,7 +111,7 @@ def alt_key(semantics: str) -> str:
     return ALT_PREFIX + semantics
 
 
-class ErrorStats(TypedDict):
+class _Stats(TypedDict):
     """One compared output's statistics besides the max error: normwise, the worst group's."""
 
     rms: list[float]  # [candidate, torch.nn], as bias and sd
@@ -119,6 +119,13 @@ class ErrorStats(TypedDict):
     sd: list[float]
     n: int  # elements per group (a row, or the whole tensor)
     ref_rms: float  # the reference's RMS over the tensor
+
+
+class ErrorStats(_Stats, total=False):
+    """``_Stats``, and where a slot says so the float32 roundings summed into each element (its
+    reductions' length: ``tolerance.limits`` widens the RMS floor by them)."""
+
+    terms: int
 
 
 class MeasurementRow(TypedDict, total=False):

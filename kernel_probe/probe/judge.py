@@ -92,10 +92,11 @@ def judge_cases(
     row: MeasurementRow,
     hints: Mapping[str, str],
     *,
-    max_tolerance: Callable[[str, float, str], float] | None = None,
+    max_tolerance: Callable[[str, float, str, str], float] | None = None,
     baseline: str = "torch.nn's",
 ) -> Findings:
-    """Every case's outputs of ``row``; ``max_tolerance(output, base, dtype)``: a slot's own."""
+    """Every case's outputs of ``row``; ``max_tolerance(output, base, dtype, case)``: a slot's
+    own."""
     dtype = row["dtype"]
     worst, failed, reasons = 0.0, [], []
     statistics: dict[str, float] = {}
@@ -107,7 +108,7 @@ def judge_cases(
         for tensor, errors in tensors.items():
             if tensor.startswith(ALT_PREFIX):
                 continue
-            own = None if max_tolerance is None else max_tolerance(tensor, errors[1], dtype)
+            own = None if max_tolerance is None else max_tolerance(tensor, errors[1], dtype, case)
             r, over = judge_output(
                 tensor, errors, case_stats.get(tensor), dtype, statistics, own, baseline
             )

@@ -68,10 +68,24 @@ class Limits:
     bias: float = math.inf
 
 
+def rms_floor(dtype: str, ref_rms: float, terms: int = 0) -> float:
+    """The RMS of a uniform error of two eps relative to each element (one rounding to ``dtype``),
+    and of ``terms`` more such float32 roundings, independent (a reduction's accumulator: a sum of
+    ``terms`` products in float32 is off by ~sqrt(terms) roundings).
+
+    >>> rms_floor("float32", 1.0, 3) == 2 * rms_floor("float32", 1.0)  # sqrt(1 + 3)
+    True
+    >>> rms_floor("bfloat16", 1.0, 128) / rms_floor("bfloat16", 1.0) < 1.0001  # its own rounding
+    True
+    """
+    eps, eps32 = floor(dtype) / 2.0, floor("float32") / 2.0
+    return 2.0 * math.sqrt(eps**2 + terms * eps32**2) * ref_rms / math.sqrt(3.0)
+
+
 def limits(dtype: str, base_max: float, stats: ErrorStats | None = None) -> Limits:
     """One output's tolerances from torch.nn's statistics: the model for the max; FACTOR x its RMS
-    plus a uniform two-eps error's; FACTOR x its bias plus K_SIGMA standard errors of a mean over
-    ``n`` elements. Without ``stats`` only the max is judged.
+    plus ``rms_floor`` (with the slot's ``terms``, none by default); FACTOR x its bias plus K_SIGMA
+    standard errors of a mean over ``n`` elements. Without ``stats`` only the max is judged.
 
     >>> limits("bfloat16", 0.25)
     Limits(max=1.015625, rms=inf, bias=inf)
@@ -80,7 +94,7 @@ def limits(dtype: str, base_max: float, stats: ErrorStats | None = None) -> Limi
     if stats is None:
         return Limits(tol_max)
     eps = floor(dtype) / 2.0
-    rms = FACTOR * stats["rms"][1] + 2.0 * eps * stats["ref_rms"] / math.sqrt(3.0)
+    rms = FACTOR * stats["rms"][1] + rms_floor(dtype, stats["ref_rms"], stats.get("terms", 0))
     # the standard error of a group's mean: the larger noise of the two, and at least one rounding's
     noise = math.sqrt(
         stats["sd"][0] ** 2 + stats["sd"][1] ** 2 + (eps * stats["ref_rms"]) ** 2 / 12.0

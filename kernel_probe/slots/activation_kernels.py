@@ -29,7 +29,7 @@ from kernel_probe.isolation.protocol import (
     TimingProgressMessage,
     TimingRow,
 )
-from kernel_probe.probe import measure, timing
+from kernel_probe.probe import lifecycle, measure, timing
 from kernel_probe.probe.tolerance import tolerance
 from kernel_probe.shapes import parse_shape
 
@@ -58,6 +58,8 @@ HINTS = {
     "large-magnitude": "|x| from 10 to 30,000: overflow of x**3 or exp(-x) in low precision",
     "tiny": "|x| from 1e-6 to 1e-2: relative accuracy near zero",
     "non-contiguous": "a non-contiguous (transposed) 3-D view",
+    # as training and inference use it; no state dict to load (no parameters)
+    **{k: v for k, v in lifecycle.HINTS.items() if k != lifecycle.LOADED},
 }
 
 
@@ -77,7 +79,8 @@ def functions_for(function: str) -> tuple[Callable[[Any], Any], Callable[[Any], 
 
 def cases(dtype: Any, gen: torch.Generator) -> dict[str, Any]:
     """The check's inputs, each (ROWS, WIDTH) in ``dtype`` (the non-contiguous one a transposed 3-D
-    view of as many elements), drawn in float64 on the CPU (the same values on every device)."""
+    view of as many elements; ``lifecycle.VIEWS``: a 2-D ``x.t()`` and an ``x[..., ::2]`` view),
+    drawn in float64 on the CPU (the same values on every device)."""
     n = ROWS * WIDTH
 
     def signed(magnitudes: Any) -> Any:
@@ -93,8 +96,12 @@ def cases(dtype: Any, gen: torch.Generator) -> dict[str, Any]:
         "non-contiguous": torch.randn(WIDTH // 8, ROWS, 8, generator=gen, dtype=f64).transpose(0, 1)
         * 3.0,
     }
+    raw.update(
+        {v: torch.randn(ROWS, WIDTH, generator=gen, dtype=f64) * 2.0 for v in lifecycle.VIEWS}
+    )
     device = torch.get_default_device()
-    return {name: x.to(device=device, dtype=dtype) for name, x in raw.items()}
+    out = {name: x.to(device=device, dtype=dtype) for name, x in raw.items()}
+    return {n: lifecycle.view(n, x) if n in lifecycle.VIEWS else x for n, x in out.items()}
 
 
 class NotElementwise(ValueError):
@@ -103,9 +110,10 @@ class NotElementwise(ValueError):
 
 def _run(fn: Callable[[Any], Any], x: Any, go: Any) -> dict[str, Any]:
     """y and dx of ``fn`` at ``x`` with grad_output ``go``, and whether it modified either."""
-    # the input is no leaf (inside a model it is a Linear's output): a write into it runs as there
+    # the input is no leaf (inside a model it is a Linear's output): a write into it runs as there;
+    # it keeps x's layout (a view stays a view)
     leaf = x.detach().clone().requires_grad_(True)
-    inp = leaf.clone()
+    inp = lifecycle.fresh_like(x).copy_(leaf)
     kept, gout = inp.detach().clone(), go.detach().clone()
     y = fn(inp)
     if tuple(y.shape) != tuple(x.shape):
@@ -146,6 +154,36 @@ def _measure(
     return cases_out, stats_out
 
 
+def _in_use(
+    mod: Any, function: str, later: tuple[Any, Any, Any], flags: dict | None
+) -> tuple[dict[str, dict[str, list[float]]], dict[str, dict[str, ErrorStats]]]:
+    """The cases of ``lifecycle`` after the first life's, on ``later`` (x for the inference cases;
+    x and grad_output for the second call, ``later_inputs``): the forward in eval
+    mode, under no_grad and under inference_mode (y only, torch's own in the training forward, the
+    same as its own), then a second forward and backward through the same instance on fresh inputs
+    (``after-update``: an activation has no parameter to update)."""
+    reference, own = functions_for(function)
+    x, x2, go2 = later
+    ref, base = reference(x.double()).detach(), own(x).detach().double()
+    modules = [mod] if isinstance(mod, torch.nn.Module) else []
+    cases_out, stats_out = {}, {}
+    for case in lifecycle.INFERENCE:
+        with lifecycle.inference(case, *modules):
+            y = mod(lifecycle.fresh_like(x))
+        got = y.detach().double() if y.shape == ref.shape else None
+        maxima, stats = measure.compare(got, base, ref, rows=True)
+        cases_out[case], stats_out[case] = {"y": maxima}, {"y": stats}
+    after = lifecycle.AFTER_UPDATE
+    more, more_stats = _measure(mod, function, {after: x2}, {after: go2}, flags)
+    return {**cases_out, **more}, {**stats_out, **more_stats}
+
+
+def later_inputs(dtype: Any, gen: torch.Generator) -> tuple[Any, Any, Any]:
+    """``_in_use``'s inputs: x for the inference cases, x and grad_output for the second call."""
+    draw = [torch.randn(ROWS, WIDTH, generator=gen, dtype=torch.float64) * 2.0 for _ in range(3)]
+    return tuple(t.to(device=torch.get_default_device(), dtype=dtype) for t in draw)  # type: ignore[return-value]
+
+
 def identify(mod: Any, declared: str, gen: torch.Generator) -> str:
     """The function the candidate's float32 forward matches on the random and the gelu-gap inputs
     (its max error within 4 x torch's own + 2 eps): the declared one first, then each known one; ""
@@ -174,7 +212,7 @@ def identify(mod: Any, declared: str, gen: torch.Generator) -> str:
 
 
 def _row(
-    mod: Any, function: str, computes: str, dtype_name: str, regime: str, seed: int
+    cand: Candidate, mod: Any, function: str, computes: str, dtype_name: str, regime: str, seed: int
 ) -> MeasurementRow:
     row: MeasurementRow = {"dtype": dtype_name, "regime": regime}
     start = time.perf_counter()
@@ -185,14 +223,19 @@ def _row(
         gos = {
             n: torch.randn(x.shape, generator=gen, dtype=torch.float64).to(x) for n, x in xs.items()
         }
+        later = later_inputs(dtype, gen)
         flags: dict[str, str] = {}
         # "mixed": under autocast, on inputs in the low dtype (what the Linear before it hands it)
         mixed = (torch.get_default_device().type, dtype) if regime == "mixed" else None
         with measure.autocasting(mixed):
-            row["cases"], row["stats"] = _measure(mod, function, xs, gos, flags)
-            if computes and computes != function:
-                row["approx_cases"], row["approx_stats"] = _measure(mod, computes, xs, gos, None)
-            a, b = _run(mod, xs["random"], gos["random"]), _run(mod, xs["random"], gos["random"])
+            for key, against, seen in (("", function, flags), ("approx_", computes, None)):
+                if key and (not computes or computes == function):
+                    continue
+                errors, stats = _measure(mod, against, xs, gos, seen)
+                more, more_stats = _in_use(mod, against, later, seen)
+                row[f"{key}cases"], row[f"{key}stats"] = {**errors, **more}, {**stats, **more_stats}  # type: ignore[literal-required]
+            # twice, each on a fresh instance (built, never copied: a copy carries what it holds)
+            a, b = (_run(build(cand), xs["random"], gos["random"]) for _ in range(2))
         row["nondeterministic"] = measure.nondeterminism(a, b, OUTPUTS)
         row["flags"] = flags
     except Exception as exc:
@@ -267,7 +310,7 @@ def check(
             computes = identify(mod, function, torch.Generator().manual_seed(seed + 11))
         except Exception:  # it cannot even run in float32: every row says why
             computes = ""
-        rows = [_row(mod, function, computes, d, regime, seed) for d, regime in dtypes]
+        rows = [_row(cand, mod, function, computes, d, regime, seed) for d, regime in dtypes]
         if rows and "exception" not in rows[0]:
             rows[0]["twin"] = _twin(cand, mod, torch.Generator().manual_seed(seed + 5))
     return CheckReply(

@@ -24,11 +24,12 @@ from kernel_lock.trust import import_target
 from kernel_probe.candidates import Candidate, fill
 from kernel_probe.isolation import protocol
 from kernel_probe.isolation.protocol import CheckReply, MeasurementRow
-from kernel_probe.probe import measure, timing
+from kernel_probe.probe import lifecycle, measure, timing
 from kernel_probe.probe.measure import rel
 from kernel_probe.slots.attention import (
     SMALL_WINDOW,
     UNSET,
+    VANISHING,
     canonical_options,
     keys_seen,
     parse_geometry,
@@ -37,6 +38,7 @@ from kernel_probe.slots.attention import too_long as attention_too_long
 from kernel_probe.slots.attention_reference import (
     Options,
     call_mask,
+    every_other_row,
     explicit,
     fused_path,
     math_path,
@@ -49,7 +51,7 @@ CHECK_HEADS, CHECK_DIM, CHECK_SEQ = 2, 32, 48  # the check's own: a few (S x S) 
 
 def _grads(fn: Callable[..., Any], q: Any, k: Any, v: Any, go: Any) -> dict[str, Any]:
     """out, dq, dk, dv of ``fn`` at (q, k, v) with grad_output ``go``; whether it mutated them."""
-    q, k, v = (t.detach().clone().requires_grad_(True) for t in (q, k, v))
+    q, k, v = (lifecycle.fresh_like(t).requires_grad_(True) for t in (q, k, v))  # views stay
     kept = [t.detach().clone() for t in (q, k, v)]
     gout = go.detach().clone()
     out = fn(q, k, v)
@@ -102,7 +104,8 @@ def cases(dtype: Any, gen: torch.Generator) -> list[Case]:
     q = randn(1, h, s, d, scale=2.5)
     value = randn(1, h, 1, d).expand(1, h, s, d).contiguous()
     k = q + randn(1, h, s, d, scale=0.2)
-    out.append(Case("sharp-equal-values", q, k, value, randn(1, h, s, d), ("dq", "dk")))
+    sharp = "sharp-equal-values"
+    out.append(Case(sharp, q, k, value, randn(1, h, s, d), VANISHING[sharp]))
     # a non-contiguous view: what anemoi's rearrange of a (batch, grid, heads, vars) tensor gives
     q, k = randn(1, s, h, d).transpose(1, 2), randn(1, s, h, d).transpose(1, 2)
     out.append(Case("non-contiguous", q, k, randn(1, h, s, d), randn(1, h, s, d)))
@@ -110,6 +113,12 @@ def cases(dtype: Any, gen: torch.Generator) -> list[Case]:
         shape = (1, h, 16, dim)
         q, k, v, go = randn(*shape), randn(*shape), randn(*shape), randn(*shape)
         out.append(Case(f"head-dim-{dim}", q, k, v, go))
+    # issue 55's views that SDPA's kernels take (last dimension contiguous): heads and sequence
+    # transposed; every other row of a sequence twice as long (its gaps NaN: ``every_other_row``)
+    q, k, v, go = (randn(1, s, h, d).transpose(1, 2) for _ in range(4))
+    out.append(Case(lifecycle.TRANSPOSED, q, k, v, go))
+    q, k, v = (every_other_row(randn(1, h, s, d)) for _ in "qkv")
+    out.append(Case(lifecycle.STRIDED, q, k, v, randn(1, h, s, d)))
     return out
 
 
@@ -170,12 +179,21 @@ def _run(mod: Any, case: Case, opts: Options = PLAIN) -> dict[str, Any]:
         return _grads(lambda q, k, v: _call(mod, q, k, v, opts), case.q, case.k, case.v, case.go)
 
 
+def _forward(mod: Any, case: Case, opts: Options, inference: str) -> dict[str, Any]:
+    """The output alone, the module called inside ``inference`` (``lifecycle.INFERENCE``)."""
+    with _refusals(), lifecycle.inference(inference, mod):
+        q, k, v = (lifecycle.fresh_like(t) for t in (case.q, case.k, case.v))
+        return {"out": _call(mod, q, k, v, opts).detach()}
+
+
 def _errors(got: Mapping, bases: list, ref: Mapping, vanishing: tuple) -> tuple[dict, dict]:
-    """Per output: [the candidate's error, torch's (its paths' larger)], and the statistics per row
-    (none for a vanishing output: its error is measured against max|dv| by the max alone)."""
+    """Per output in ``got``: [the candidate's error, torch's (its paths' larger)], and the
+    statistics per row (none for a vanishing output: measured against max|dv|, by the max alone)."""
     dv_scale = float(ref["dv"].abs().max())
+    # float32 sums into each output: the scores' over head_dim, then P's over the keys
+    terms = int(ref["dk"].shape[-1] + ref["dk"].shape[-2])
     out, stats = {}, {}
-    for name in OUTPUTS:
+    for name in (n for n in OUTPUTS if n in got):
         denom = dv_scale if name in vanishing else None
         theirs = max(rel(b[name], ref[name], denom) for b in bases)
         out[name] = [rel(got[name], ref[name], denom), theirs]
@@ -186,7 +204,7 @@ def _errors(got: Mapping, bases: list, ref: Mapping, vanishing: tuple) -> tuple[
         m, f = (measure.compare(got64, b[name].double(), ref64, rows=True)[1] for b in bases)
         for key in ("rms", "bias", "sd"):
             m[key] = [m[key][0], max(m[key][1], f[key][1])]
-        stats[name] = m
+        stats[name] = {**m, "terms": terms}
     return out, stats
 
 
@@ -235,12 +253,16 @@ def _row(cand: Candidate, values: Mapping, name: str, regime: str, seed: int, sh
     sides: dict[int, tuple[Any, Any, Any]] = {} if shared is None else shared.get(key, dict)
     calls = itertools.count()
 
-    def measured(inst: Any, case: Case, opts: Options, flags: dict | None = None) -> tuple:
-        n = next(calls)
+    def measured(inst: Any, case: Case, opts: Options, flags: dict | None = None, **use) -> tuple:
+        # ``use``: inference=lifecycle.INFERENCE's (the forward only), side=the call it shares
+        n = use.get("side", next(calls))
         case = _as_called(case, opts)
-        got = _run(inst, case, opts)
-        if got["mutated"] and flags is not None:
-            flags.setdefault("input-modified", case.name)
+        if "inference" in use:
+            got = _forward(inst, case, opts, use["inference"])
+        else:
+            got = _run(inst, case, opts)
+            if got["mutated"] and flags is not None:
+                flags.setdefault("input-modified", case.name)
         if n not in sides:
             sides[n] = _torch_side(case, opts)
         base, fused, ref = sides[n]
@@ -253,12 +275,12 @@ def _row(cand: Candidate, values: Mapping, name: str, regime: str, seed: int, sh
     stats: dict[str, Any] = {}
     flags: dict[str, str] = {}
     try:
-        mod = _cases(cand, values, measured, dtype, gen, (errors, stats, flags))
-        # determinism: the same fwd+bwd twice, bitwise
+        _cases(cand, values, measured, dtype, gen, (errors, stats, flags))
+        # determinism: the same fwd+bwd twice, bitwise, each on a fresh instance (never copied)
         opts = Options.of(values)
         random = _as_called(random_case(dtype, torch.Generator().manual_seed(seed)), opts)
-        got = _run(mod, random, opts)
-        row["nondeterministic"] = measure.nondeterminism(got, _run(mod, random, opts), OUTPUTS)
+        got, again = (_run(_training(build(cand, values), values), random, opts) for _ in "ab")
+        row["nondeterministic"] = measure.nondeterminism(got, again, OUTPUTS)
         row["twin"] = _twin(cand, values, random, got)
     except Exception as exc:  # a refusal says torch's reasons
         row["exception"] = str(exc) if isinstance(exc, _Refused) else measure.first_line(exc, 400)
@@ -268,36 +290,45 @@ def _row(cand: Candidate, values: Mapping, name: str, regime: str, seed: int, sh
     return row
 
 
+def _training(mod: Any, values: Mapping[str, Any]) -> Any:
+    """In training mode where the model has no dropout, else in eval (dropout is a capability)."""
+    return mod.train(not values["dropout"])
+
+
 def _cases(
     cand: Candidate, values: Mapping[str, Any], measured: Any, dtype: Any, gen: Any, out: tuple
-) -> Any:
-    """Every case, the windows and the band's edge, a second length, into ``out``; the instance."""
+) -> None:
+    """The cases, ``lifecycle``'s, the windows and the band's edge, a second length into ``out``."""
     errors, stats, flags = out
     opts = Options.of(values)
     window = opts.window if opts.window >= 0 else CHECK_SEQ // 4
-    mod = build(cand, values)
-    mod.eval()  # dropout off: the numbers are judged without it (dropout is a capability)
-    for case in cases(dtype, gen):
+    mod = _training(build(cand, values), values)
+    checked = cases(dtype, gen)
+    for case in checked:
         errors[case.name], stats[case.name] = measured(mod, case, opts, flags)
+    for use in lifecycle.INFERENCE:
+        errors[use], stats[use] = measured(mod, checked[0], opts, inference=use, side=0)
+    after = lifecycle.AFTER_UPDATE  # no parameter to update: the same instance, fresh inputs
+    errors[after], stats[after] = measured(mod, random_case(dtype, gen), opts, flags)
     # the windows: the model's (or a quarter of the sequence) and the band's edge, fresh instances
     for name, w in (("window", window), ("small-window", SMALL_WINDOW)):
         if opts.window >= 0 and name == "window":
             inst, o = mod, opts
         else:
-            inst, o = build(cand, values, window=w).eval(), dataclasses.replace(opts, window=w)
+            inst = _training(build(cand, values, window=w), values)
+            o = dataclasses.replace(opts, window=w)
         errors[name], stats[name] = measured(inst, random_case(dtype, gen), o)
         leak = _band_edge(inst, dtype, gen, o)
         if leak:
             flags.setdefault("band-leak", leak)
     # a second sequence length through the same instance (anemoi's SDPA wrapper caches its mask)
-    inst = build(cand, values, window=window).eval()
+    inst = _training(build(cand, values, window=window), values)
     o = dataclasses.replace(opts, window=window)
     first = _as_called(random_case(dtype, gen), o)
     _run(inst, first, o)
     cut = CHECK_SEQ // 2 + 5
     short = Case("second-length", *(t[:, :, :cut] for t in (first.q, first.k, first.v, first.go)))
     errors["second-length"], stats["second-length"] = measured(inst, short, o)
-    return mod
 
 
 def _twin(cand: Candidate, values: Mapping, case: Case, got: Mapping) -> dict[str, Any]:

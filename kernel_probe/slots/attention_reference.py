@@ -15,7 +15,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from kernel_lock.attention import alibi_bias, band_mask, causal_mask
 
-__all__ = ["Options", "call_mask", "explicit", "fused_path", "math_path"]
+__all__ = ["Options", "call_mask", "every_other_row", "explicit", "fused_path", "math_path"]
 
 
 @dataclass(frozen=True)
@@ -52,6 +52,14 @@ def call_mask(kind: str, q: Any, k: Any) -> Any:
         return keep
     bias = (((3 * i + 5 * j) % 9 - 4) / 8).to(q.dtype)[None, None]
     return bias.masked_fill(~keep, -math.inf)
+
+
+def every_other_row(x: Any) -> Any:
+    """``x`` (BHSD) as every other sequence row of a buffer twice as long whose other rows are NaN:
+    a strided sequence dimension, the last one contiguous (what SDPA's fused kernels take)."""
+    buf = torch.full((*x.shape[:2], 2 * x.shape[2], x.shape[3]), float("nan"), dtype=x.dtype)
+    buf[:, :, ::2] = x
+    return buf[:, :, ::2]
 
 
 def _scores(raw: Any, q: Any, k: Any, opts: Options) -> Any:

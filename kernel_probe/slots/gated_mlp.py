@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from kernel_lock.slots import gated_mlp
 from kernel_probe.errors import UsageError
+from kernel_probe.probe import lifecycle
 
 from .base import Option, Slot
 
@@ -26,6 +27,9 @@ HINTS = {
     "random": "plain random input: gate pre-activations of unit spread",
     "wide-gate": "gate pre-activations spread to +-9: saturation, and where tanh's GELU leaves "
     "erf's",
+    **lifecycle.HINTS,  # as training and inference use it (issue 55); "loaded": at in = out
+    "overflow": "gate -6..-2, value ~3e4 (fp16, bf16): gate(g) * v fits, (g * v) * sigma(g) "
+    "overflows",
 }
 # what a kernel computes instead of the formula, and how the verdict names it
 MISTAKES = {

@@ -28,13 +28,12 @@ from kernel_probe.isolation.protocol import (
     TimeReply,
     TimingRow,
 )
-from kernel_probe.probe import measure, repetitions, timing
+from kernel_probe.probe import lifecycle, measure, repetitions, timing
 from kernel_probe.shapes import parse_shape
 from kernel_probe.slots.gated_mlp import (
     FLAG_INPUT_MODIFIED,
     FLAG_MISTAKE,
     FLAG_STATE_DICT,
-    HINTS,
     MISTAKES,
 )
 
@@ -44,6 +43,8 @@ CHECK_RATIO = 2.67  # anemoi's configs: "use 4 (mlp) or ~2.67 (glu/swiglu/geglu/
 CHECK_ROWS = 8  # a few rows: at anemoi's shape each is 1024 in, 2734 out (the cost is the matmuls)
 PARAMS = ("gate_proj.weight", "gate_proj.bias", "value_proj.weight", "value_proj.bias")
 OUTPUTS = ("y", "dx", *PARAMS)
+FIRST = ("random", "wide-gate")  # a fresh module's first life, at the check's width: fwd and bwd
+LOW = ("float16", "bfloat16")  # where the overflow case runs
 
 
 def hidden_dim(num_channels: int, ratio: float) -> int:
@@ -133,7 +134,7 @@ def state_dict_problem(mod: Any, values: Mapping[str, Any], gen: torch.Generator
 
 
 def _pass(mod: Any, x: Any, gy: Any, autocast: tuple[str, Any] | None) -> dict[str, Any]:
-    x = x.detach().clone().requires_grad_(True)
+    x = lifecycle.fresh_like(x).requires_grad_(True)  # a view stays a view
     before = x.detach().clone()
     for p in mod.parameters():
         p.grad = None
@@ -182,26 +183,153 @@ def _row(
         m.load_state_dict({k: t.to(param_dtype) for k, t in params.items()}, strict=True)
     # the reference from the parameters as the candidate holds them (rounded), on the CPU
     held = {k: t.to(param_dtype).to(torch.float64) for k, t in params.items()}
-    for case in HINTS:
-        x64 = torch.randn(CHECK_ROWS, values["in_features"], generator=gen, dtype=torch.float64)
-        gy64 = torch.randn(CHECK_ROWS, values["out_features"], generator=gen, dtype=torch.float64)
-        x64 = 3.0 * x64 if case == "wide-gate" else x64
-        x, gy = x64.to(device=tdev, dtype=dtype), gy64.to(device=tdev, dtype=dtype)
-        ref = _reference_pass(x.double().cpu(), gy.double().cpu(), held, function)
-        try:
-            got = _pass(mod, x, gy, autocast)
-        except Exception as exc:
-            row["exception"] = measure.first_line(exc, 400)
-            return row
-        ours = _pass(base, x, gy, autocast)
-        if not got["intact"]:
-            row["flags"][FLAG_INPUT_MODIFIED] = case
-        row["cases"][case], row["stats"][case] = _errors(got, ours, ref)
-        if case == "random":
-            _mistake(row, got["y"].cpu(), ours["y"].cpu(), x.double().cpu(), held, function)
+    run = _Run(values, function, (dtype, param_dtype, autocast), gen, row)
+    run.mods, run.held = (mod, base), held
+    try:
+        for case in FIRST:
+            x, ys = run.case(case, (mod, base), held, 3.0 if case == "wide-gate" else 1.0)
+            if case == "random":
+                _mistake(row, *ys, x.double().cpu(), held, function)
+        # the cases in use at CHECK_IN (at anemoi's width they would outlast the check's budget)
+        small = run if values["in_features"] == CHECK_IN else run.small(cand, (mod, base))
+        for case in lifecycle.VIEWS:
+            small.case(case, small.mods, small.held)
+        _in_use(small, cand, small.mods, dtype_name)
+    except Exception as exc:
+        row["exception"] = measure.first_line(exc, 400)
+        return row
     row["twin"] = _twin(cand, values, mod, x, autocast)
     row["seconds"] = time.perf_counter() - start
     return row
+
+
+class _Run:
+    """A row's passes: one case's candidate and torch's own against the float64 reference."""
+
+    def __init__(
+        self, values: Mapping[str, Any], function: str, dtypes: tuple, gen: Any, row: Any
+    ) -> None:
+        self.values, self.function, self.gen, self.row = values, function, gen, row
+        self.dtypes = dtypes
+        self.dtype, self.param_dtype, self.autocast = dtypes  # the inputs', parameters', autocast
+        self.mods: tuple[Any, Any] = (None, None)  # the candidate and torch's own, loaded
+        self.held: dict[str, Any] = {}  # their parameters as held, float64
+
+    def small(self, cand: Candidate, mods: tuple[Any, Any]) -> _Run:
+        """The same passes at CHECK_IN wide, on a fresh candidate and torch's own, loaded, after a
+        first random pass (recorded with the row's ``random``)."""
+        values = canonical(self.values, CHECK_IN)
+        run = _Run(values, self.function, self.dtypes, self.gen, self.row)
+        device = next(mods[1].parameters()).device
+        n_in, n_out = values["in_features"], values["out_features"]
+        params = parameters(n_in, n_out, self.gen, bool(values["bias"]))
+        built = measure.build(cand, values, device, self.param_dtype), own_layer(values)[0]
+        run.mods = (_loaded(built[0], params, run, device), _loaded(built[1], params, run, device))
+        run.held = _held(run.mods[1])
+        run.case("random", run.mods, run.held)
+        return run
+
+    def inputs(self, device: Any, scale: float = 1.0, n_out: int = 0) -> tuple[Any, Any]:
+        """x (ROWS x in) and grad_output (ROWS x out), drawn in float64 on the CPU."""
+        n_in, gen, f64 = self.values["in_features"], self.gen, torch.float64
+        x = scale * torch.randn(CHECK_ROWS, n_in, generator=gen, dtype=f64)
+        gy = torch.randn(CHECK_ROWS, n_out or self.values["out_features"], generator=gen, dtype=f64)
+        return x.to(device=device, dtype=self.dtype), gy.to(device=device, dtype=self.dtype)
+
+    def case(
+        self, name: str, mods: tuple[Any, Any], held: Mapping, scale: float = 1.0, xy: Any = None
+    ) -> tuple[Any, tuple[Any, Any]]:
+        """One case's forward and backward of the candidate and torch's own (``mods``) with the
+        parameters ``held`` (``lifecycle.VIEWS``: x as that view), judged: x, both outputs."""
+        x, gy = xy or self.inputs(next(mods[1].parameters()).device, scale)
+        x = lifecycle.view(name, x) if name in lifecycle.VIEWS else x
+        ref = _reference_pass(x.double().cpu(), gy.double().cpu(), held, self.function)
+        got, ours = (_pass(m, x, gy, self.autocast) for m in mods)
+        if not got["intact"]:
+            self.row["flags"].setdefault(FLAG_INPUT_MODIFIED, name)
+        self._keep(name, _errors(got, ours, ref))
+        return x, (got["y"].cpu(), ours["y"].cpu())
+
+    def _keep(self, name: str, measured: tuple[dict, dict]) -> None:
+        """A case's errors, the worst of several modules' (a round trip's two ends)."""
+        errors, stats = measured
+        have = self.row["cases"].setdefault(name, {})
+        have_stats = self.row["stats"].setdefault(name, {})
+        for tensor, (got, theirs) in errors.items():
+            old = have.get(tensor, [0.0, 0.0])
+            have[tensor] = [max(old[0], got), max(old[1], theirs)]
+            measure.worst_stats(have_stats, tensor, stats[tensor])
+
+
+def _held(mod: Any) -> dict[str, Any]:
+    """A module's parameters as it holds them, in float64 on the CPU (the reference's)."""
+    return {k: t.detach().double().cpu() for k, t in mod.state_dict().items() if k in PARAMS}
+
+
+def _in_use(run: _Run, cand: Candidate, mods: tuple[Any, Any], dtype_name: str) -> None:
+    """The cases after the first life (``lifecycle``; docs/checks.md "GatedMLP"): the forward in
+    eval mode, under no_grad and inference_mode; a second life after an in-place update of every
+    parameter (torch's own given the same); a fresh candidate loaded from torch's own state dict at
+    in = out, and torch's own loaded back from it; in fp16 and bf16, the overflow case."""
+    device = next(mods[1].parameters()).device
+    x = run.inputs(device)[0]
+    ref = reference(x.double().cpu(), _held(mods[1]), run.function)
+    for case in lifecycle.INFERENCE:
+        with lifecycle.inference(case, *mods), measure.autocasting(run.autocast):
+            y, y_base = (m(lifecycle.fresh_like(x)).detach().cpu() for m in mods)
+        maxima, stats = measure.compare(y, y_base, ref, rows=True)
+        run.row["cases"][case], run.row["stats"][case] = {"y": maxima}, {"y": stats}
+    deltas = lifecycle.steps(_held(mods[1]), 55)
+    for m in mods:
+        lifecycle.update_in_place(m, deltas)
+    run.case(lifecycle.AFTER_UPDATE, mods, _held(mods[1]))
+    square = {**run.values, "out_features": run.values["in_features"]}
+    source = _loaded(
+        own_layer(square)[0],
+        parameters(square["in_features"], square["in_features"], run.gen, bool(square["bias"])),
+        run,
+        device,
+    )
+    fresh = _loaded(
+        measure.build(cand, square, device, run.param_dtype), source.state_dict(), run, device
+    )
+    back = _loaded(own_layer(square)[0], fresh.state_dict(), run, device)
+    xy = run.inputs(device, n_out=square["out_features"])
+    for m in (fresh, back):
+        run.case(lifecycle.LOADED, (m, source), _held(source), xy=xy)
+    if dtype_name in LOW:
+        params = _overflowing(run.values, run.gen, bool(run.values["bias"]))
+        x, gy = run.inputs(device)
+        x[:, 0], gy = 1.0, gy * 0.01  # the gate's offset (its first column); gy * v fits fp16
+        mods = (
+            _loaded(measure.build(cand, run.values, device, run.param_dtype), params, run, device),
+            _loaded(mods[1], params, run, device),
+        )
+        run.case("overflow", mods, _held(mods[1]), xy=(x, gy))
+
+
+def _loaded(mod: Any, state: Mapping[str, Any], run: _Run, device: Any) -> Any:
+    """``mod`` on the row's device and parameter dtype, loaded strictly with ``state``."""
+    mod = mod.to(device=device, dtype=run.param_dtype)
+    mod.load_state_dict({k: t.to(run.param_dtype) for k, t in state.items()}, strict=True)
+    return mod
+
+
+def _overflowing(values: Mapping[str, Any], gen: Any, bias: bool) -> dict[str, Any]:
+    """Parameters for the overflow case (x's first column 1): gate pre-activations -6..-2 (the
+    first gate column), values of spread 1e4 (|v| up to ~4e4, within fp16's 65504), so
+    ``gate(g) * v`` fits fp16 and ``(g * v) * sigma(g)`` does not."""
+    n_in, n_out, f64 = values["in_features"], values["out_features"], torch.float64
+    gate = 0.1 * torch.randn(n_out, n_in, generator=gen, dtype=f64) / math.sqrt(n_in)
+    gate[:, 0] = -6.0 + 4.0 * torch.rand(n_out, generator=gen, dtype=f64)
+    value = 1e4 * torch.randn(n_out, n_in, generator=gen, dtype=f64) / math.sqrt(n_in)
+    value[:, 0] = 0.0
+    out = {"gate_proj.weight": gate, "value_proj.weight": value}
+    if bias:
+        out.update(
+            {f"{p}.bias": torch.zeros(n_out, dtype=f64) for p in ("gate_proj", "value_proj")}
+        )
+    return out
 
 
 def _errors(

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from kernel_probe import candidates as cands
+from kernel_probe.probe import lifecycle
 from kernel_probe.probe.judge import Policy
 from kernel_probe.probe.report import report_base
 from kernel_probe.slots import activation, activation_kernels
@@ -47,7 +48,11 @@ def test_torchs_classes_are_accepted_for_their_function_in_every_dtype(cid, func
     for v in report.verdicts:
         assert v.deterministic is True and v.worst_ratio < 1
         assert set(v.errors) == set(activation_kernels.HINTS)
-        assert all(set(t) == {"y", "dx"} for t in v.errors.values())
+        # the inference cases judge the forward only (issue 55)
+        assert all(
+            set(t) == ({"y"} if c in lifecycle.INFERENCE else {"y", "dx"})
+            for c, t in v.errors.items()
+        )
     assert report.verdicts[0].twin == {"state_dict": "interchangeable", "max_error": 0.0}
 
 

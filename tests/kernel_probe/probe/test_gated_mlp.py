@@ -13,6 +13,7 @@ import torch
 from kernel_lock import gated_mlp as classes
 from kernel_lock.slots.gated_mlp import GATES, formula, gate_for
 from kernel_probe import candidates as cands
+from kernel_probe.probe import lifecycle
 from kernel_probe.probe.report import report_base
 from kernel_probe.slots import gated_mlp, gated_mlp_kernels
 
@@ -154,8 +155,14 @@ def test_torchs_gated_layer_is_accepted_against_anemois(implementation):
     for v in report.verdicts:
         assert 0 < v.worst_ratio < 1
         assert set(v.statistics) == {"max", "rms", "bias"}
-        assert all(set(e) == set(gated_mlp_kernels.OUTPUTS) for e in v.errors.values())
-        assert set(v.errors) == set(gated_mlp_kernels.HINTS)
+        # the inference cases judge the forward only; the overflow case runs in fp16 and bf16
+        assert all(
+            set(e) == ({"y"} if c in lifecycle.INFERENCE else set(gated_mlp_kernels.OUTPUTS))
+            for c, e in v.errors.items()
+        )
+        assert set(v.errors) == set(gated_mlp.HINTS) - (
+            {"overflow"} if v.dtype == "float32" else set()
+        )
 
 
 @pytest.mark.slow  # fp16 matmuls of 8 x 1024 x 2734 on a CPU: ~10 s
@@ -185,15 +192,16 @@ def test_a_fused_kernel_with_a_real_flaw_is_rejected_naming_it(fakes, fake, impl
     assert any("error" in r for r in report.reasons[1:])  # and the figures behind it
 
 
-def test_a_tanh_gelu_is_rejected_in_fp16_too_where_it_is_within_rounding(fakes):
-    # fp16's rounding hides the tanh-erf difference (measured: liger's geglu 0.31 of the tolerance
-    # in fp16); told in float32, the mistake fails every row
-    raw, report = verdict("kp_gated.TanhGatedMLP", "geglu", [("float16", "true")])
+def test_a_tanh_gelu_is_rejected_in_bf16_too_where_it_is_within_rounding(fakes):
+    # bf16's rounding hides the tanh-erf difference (fp16's did too, measured: liger's geglu 0.31
+    # of the tolerance, until the overflow case's gate tails showed it); told in float32, the
+    # mistake fails every row
+    raw, report = verdict("kp_gated.TanhGatedMLP", "geglu", [("bfloat16", "true")])
     [v] = report.verdicts
     assert report.status == "rejected" and v.failed == ("gelu_tanh",)
     assert v.reasons == (
         gated_mlp_kernels.MISTAKES["gelu_tanh"]
-        + " (measured in float32; in float16 it is within rounding)",
+        + " (measured in float32; in bfloat16 it is within rounding)",
     )
 
 
