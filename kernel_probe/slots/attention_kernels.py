@@ -1,8 +1,6 @@
-"""The Attention slot's measurements, in the worker (torch): ``out``, ``dq``, ``dk``, ``dv``
-against the float64 reference of the same masked attention, for the candidate and torch's own
-paths, on the hard inputs, each called as the model calls it (causal, with its kind of attn_mask,
-with fewer key/value heads); the band's edge, determinism, the capability matrix (each option on a
-fresh instance), and the timing at the model's geometry (docs/checks.md, "Attention").
+"""The Attention slot's measurements, in the worker (torch): out, dq, dk, dv against the float64
+reference, called as the model calls it; the band's edge, determinism, the capability matrix and the
+timing at the model's geometry (docs/checks.md, "Attention").
 """
 
 from __future__ import annotations
