@@ -1,7 +1,5 @@
-"""The Attention slot's measurements, in the worker (torch): out, dq, dk, dv against the float64
-reference, called as the model calls it; the band's edge, determinism, the capability matrix and the
-timing at the model's geometry (docs/checks.md, "Attention").
-"""
+"""The Attention slot's measurements in the worker: out, dq, dk, dv against float64, called as the
+model calls it; band edge, determinism, capabilities, timing (docs/checks.md, "Attention")."""
 
 from __future__ import annotations
 
