@@ -259,11 +259,14 @@ def check_model(request: Mapping[str, Any]) -> dict[str, Any]:
     _trusted_slots(trust)
     call = spec["call"] if spec["kind"] != ANEMOI else ".".join(ANEMOI_BUILDER)
     try:
-        model, args, kwargs = _build(_callable(spec), call, "cpu")
+        with warnings.catch_warnings(record=True) as said:  # the builder's notes: the output's
+            warnings.simplefilter("always")
+            model, args, kwargs = _build(_callable(spec), call, "cpu")
     except ModelCodeError:
         raise
     except BaseException as exc:
         raise ModelCodeError(f"{call}() raised {type(exc).__name__}: {exc}") from None
+    built = list(dict.fromkeys(str(w.message) for w in said if w.category is UserWarning))
     if _meta(model):
         why = "its parameters are on the meta device (no real sizes on the CPU)"
         return {"verdict": "not-run", "why": why, "phases": [], "sites": [], "timing": None}
@@ -294,5 +297,5 @@ def check_model(request: Mapping[str, Any]) -> dict[str, Any]:
             break
     verdict = "diverging" if phases[-1]["diverging"] else "agree"
     timing = _timing(*[_Run(m, args, kwargs, [], r) for m, r in zip(timed, ("", ""), strict=True)])
-    notes = [f"{s.where or '<model>'}: left as written ({s.reason})" for s in report.left]
+    notes = built + [f"{s.where or '<model>'}: left as written ({s.reason})" for s in report.left]
     return {"verdict": verdict, "phases": phases, "sites": sites, "timing": timing, "notes": notes}

@@ -24,16 +24,22 @@ ROOT = Path(__file__).resolve().parents[3]
 BLOCK = f"{ROOT}/tests/models/block.py:build"
 
 
-def layer_norm_lock(target: str, path: Path) -> Path:
-    """A hand-made lock pinning the LayerNorm slot to ``target`` (trusted kp_zoo)."""
-    slot = Slot(
-        name="LayerNorm", implementation="zoo.layer-norm", target=target,
-        semantics=SPECS["LayerNorm"].semantics,
-    )  # fmt: skip
+def layer_norm_lock(target: str, path: Path, linear: str = "") -> Path:
+    """A hand-made lock pinning the LayerNorm slot to ``target`` (and the Linear slot to
+    ``linear``, where given; trusted kp_zoo)."""
+    pins = {"LayerNorm": target} | ({"Linear": linear} if linear else {})
+    slots = {
+        name: Slot(
+            name=name,
+            implementation=f"zoo.{name.lower()}",
+            target=pinned,
+            semantics=SPECS[name].semantics,
+        )  # fmt: skip
+        for name, pinned in pins.items()
+    }
     env = Environment(fields={"device-type": EnvField(value="cpu", match="exact")})
     lock = KernelLock(
-        created_by="test", trusted_modules=("kp_zoo",), environment=env,
-        slots={"LayerNorm": slot},
+        created_by="test", trusted_modules=("kp_zoo",), environment=env, slots=slots
     )  # fmt: skip
     lock.sealed().dump(path)
     kernel_lock.load(path, trust=["kp_zoo"], emit_warnings=False)  # it reads back
