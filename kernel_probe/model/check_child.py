@@ -85,6 +85,7 @@ class _Run:
     def __init__(self, model: nn.Module, args: tuple, kwargs: dict, sites: list[str], role: str):
         self.model, self.args, self.kwargs, self.role = model, args, kwargs, role
         self.sites = _Sites(model, sites)
+        self.device = next(model.parameters(), torch.empty(0)).device
 
     def forward(self, model: nn.Module | None = None) -> Values:
         _Run.blame = "lock" if model is not None or self.role == "applied" else self.role
@@ -215,9 +216,12 @@ def _judge(phase: str, values: list[Values]) -> dict[str, Any]:
 
 
 def _step_time(run: _Run) -> float:
+    sync = torch.cuda.synchronize if run.device.type == "cuda" else (lambda: None)
+    sync()  # a GPU's queued work is the step's own, not the previous one's
     begun = time.perf_counter()
     run.train()
     run.step()
+    sync()
     return time.perf_counter() - begun
 
 
@@ -258,10 +262,14 @@ def check_model(request: Mapping[str, Any]) -> dict[str, Any]:
     spec, trust = request["spec"], [str(t) for t in request.get("trust", [])]
     _trusted_slots(trust)
     call = spec["call"] if spec["kind"] != ANEMOI else ".".join(ANEMOI_BUILDER)
+    device = str(request.get("device", "cpu"))
+    if device == "cuda" and not torch.cuda.is_available():
+        why = f"torch {torch.__version__} sees no GPU here (torch.cuda.is_available() is False)"
+        return {"verdict": "device-absent", "why": why}
     try:
         with warnings.catch_warnings(record=True) as said:  # the builder's notes: the output's
             warnings.simplefilter("always")
-            model, args, kwargs = _build(_callable(spec), call, "cpu")
+            model, args, kwargs = _build(_callable(spec), call, device)
     except ModelCodeError:
         raise
     except BaseException as exc:

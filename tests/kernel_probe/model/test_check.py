@@ -139,3 +139,27 @@ def test_the_written_model_raising_is_the_models_error_not_a_divergence(tmp_path
     spec = parse_spec(f"{ROOT}/tests/models/broken.py:forward_raises").to_json()
     with pytest.raises(ModelCodeError, match="in the first forward and backward, the model as "):
         check_model({"spec": spec, "lock": str(lock), "trust": ["kp_zoo"], "steps": 1})
+
+
+def test_the_device_is_the_one_the_lock_was_probed_on_unless_chosen(tmp_path):
+    from kernel_probe.model.check import device_for
+
+    cpu = kernel_lock.load(layer_norm_lock("kp_zoo.norms.GoodLayerNorm", tmp_path / "c.toml"))
+    assert device_for(cpu, "") == ("cpu", "the lock was probed on cpu")
+    assert device_for(cpu, "cuda") == ("cuda", "--device")
+    for probed, device in (("cuda", "cuda"), ("rocm", "cuda"), ("mps", "cpu")):
+        env = Environment(fields={"device-type": EnvField(value=probed, match="exact")})
+        gpu = KernelLock(created_by="test", environment=env, slots={})
+        assert device_for(gpu, "")[0] == device
+    assert "pass --device cuda" in device_for(gpu, "")[1]  # mps: not a device the check runs on
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is here: the cuda path runs")
+def test_a_device_not_here_is_refused_before_the_model_is_built(tmp_path, capsys):
+    lock = layer_norm_lock("kp_zoo.norms.GoodLayerNorm", tmp_path / "good.toml")
+    request = {"spec": parse_spec(BLOCK).to_json(), "lock": str(lock), "trust": ["kp_zoo"]}
+    answer = check_model(request | {"device": "cuda"})
+    assert answer["verdict"] == "device-absent" and "no GPU" in answer["why"]
+    args = ["check-model", BLOCK, "--lock", lock, "--trust", "kp_zoo", "--device", "cuda"]
+    code, _, err = run_cli(args, capsys)
+    assert code == 3 and "check-model on cuda (--device)" in err and "--device cpu" in err
