@@ -48,6 +48,12 @@ def device_for(lock: kernel_lock.KernelLock, device: str) -> tuple[str, str]:
     return DEVICES[probed], f"the lock was probed on {probed}"
 
 
+def _ratio(difference: float, tolerance: float) -> float:
+    if tolerance:
+        return difference / tolerance
+    return float("inf") if difference > 0 else 0.0
+
+
 @dataclass(frozen=True)
 class Check:
     """The child's answer: ``verdict`` agree, diverging or not-run (``why``); ``phases`` in the
@@ -81,6 +87,15 @@ class Check:
             (abs(p["loss"][0] - p["loss"][1]) for p in self.phases if "loss" in p), default=0
         )
 
+    @property
+    def worst_ratio(self) -> float | None:
+        """The largest difference / tolerance of any phase's worst quantity (above 1: diverging;
+        None where no phase was judged or one raised)."""
+        worst = [p["worst"] for p in self.phases if p.get("worst")]
+        if not worst or len(worst) < len(self.phases):
+            return None
+        return max(_ratio(w["difference"], w["tolerance"]) for w in worst)
+
     def to_dict(self) -> dict[str, Any]:
         """Strict JSON's content."""
         keys = ("spec", "lock", "steps", "device", "device_why", "verdict", "why")
@@ -88,7 +103,8 @@ class Check:
         body |= {"sites": list(self.sites), "first": self.first, "phases": list(self.phases)}
         return (
             body
-            | {"losses-agree-to": self.losses_agree_to, "timing": self.timing}
+            | {"losses-agree-to": self.losses_agree_to, "worst-ratio": self.worst_ratio}
+            | {"timing": self.timing}
             | {"notes": list(self.notes)}
         )
 

@@ -10,10 +10,10 @@ import pytest
 
 import kernel_lock
 from kernel_lock.lock import KernelLock
-from kernel_lock.schema import EnvField, Environment, Slot
-from kernel_lock.slots import SPECS
+from kernel_lock.schema import EnvField, Environment
 from kernel_probe.model.spec import parse_spec
 from tests.conftest import run_cli
+from tests.model_locks import pinned_lock
 
 torch = pytest.importorskip("torch")
 
@@ -27,23 +27,7 @@ BLOCK = f"{ROOT}/tests/models/block.py:build"
 def layer_norm_lock(target: str, path: Path, linear: str = "") -> Path:
     """A hand-made lock pinning the LayerNorm slot to ``target`` (and the Linear slot to
     ``linear``, where given; trusted kp_zoo)."""
-    pins = {"LayerNorm": target} | ({"Linear": linear} if linear else {})
-    slots = {
-        name: Slot(
-            name=name,
-            implementation=f"zoo.{name.lower()}",
-            target=pinned,
-            semantics=SPECS[name].semantics,
-        )  # fmt: skip
-        for name, pinned in pins.items()
-    }
-    env = Environment(fields={"device-type": EnvField(value="cpu", match="exact")})
-    lock = KernelLock(
-        created_by="test", trusted_modules=("kp_zoo",), environment=env, slots=slots
-    )  # fmt: skip
-    lock.sealed().dump(path)
-    kernel_lock.load(path, trust=["kp_zoo"], emit_warnings=False)  # it reads back
-    return path
+    return pinned_lock(path, {"LayerNorm": target} | ({"Linear": linear} if linear else {}))
 
 
 def check(target: str, tmp_path: Path, steps: int = 2) -> dict:
