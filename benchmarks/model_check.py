@@ -7,9 +7,10 @@ types (tests/model_locks.py).
   class computing what ``nn.LayerNorm`` does (tests/fakes/kp_same.py); the step-time line.
 - ``--calibrate``: the check's figures (verdict, first diverging site, worst difference /
   tolerance, losses' agreement over the steps, the paired step-time ratio with its 95% interval)
-  on three models (tests/models/variants.py's ``twice``, the README's block, anemoi's transformer at
-  check-model's CPU grid: an O16 dataset, an icosahedron r2 hidden mesh) with three locks: torch.nn,
-  a correct two-pass LayerNorm, the stale-weight LayerNorm (tests/model_locks.py CALIBRATION).
+  on three models (tests/models/variants.py's ``twice``, the README's block, anemoi's transformer
+  at check-model's CPU grid: an O16 dataset and processor grid, 1,600 nodes each) with three
+  locks: torch.nn, a correct two-pass LayerNorm, the stale-weight LayerNorm
+  (tests/model_locks.py CALIBRATION).
 - ``--kit --out DIR [--lock L] [--smoke]``: the GPU kit's model part (benchmarks/gpu_all.py): on
   the GPU (``--device cuda``), the README's model and anemoi's transformer (an O96 dataset, 40,320
   nodes; an O32 processor grid, as the float64 reference of a 40,320-node attention needs ~200 GB)
@@ -106,7 +107,7 @@ def cost(steps: int) -> None:
     print(f"step time: {step_line(body['timing'])}")
 
 
-def anemoi_config(folder: Path, data: str, hidden: int | str) -> str | None:
+def anemoi_config(folder: Path, data: str, hidden: str) -> str | None:
     """``anemoi:`` spec of anemoi-training's transformer preset at the given grids, or None (with
     the reason printed) where anemoi-training is not installed."""
     from importlib.util import find_spec
@@ -124,8 +125,8 @@ def anemoi_config(folder: Path, data: str, hidden: int | str) -> str | None:
 def calibrate(steps: int) -> None:
     with tempfile.TemporaryDirectory(prefix="model-check-") as tmp:
         models = {"variants.py:twice": TWICE, "README block": SPEC}
-        anemoi = anemoi_config(Path(tmp), "o16", 2)
-        models |= {"anemoi transformer O16/r2": anemoi} if anemoi else {}
+        anemoi = anemoi_config(Path(tmp), "o16", "o16")
+        models |= {"anemoi transformer O16": anemoi} if anemoi else {}
         print(f"machine: {os.cpu_count()} cores; {steps} steps; one run each")
         for model, spec in models.items():
             for name, pins in CALIBRATION.items():
@@ -175,7 +176,7 @@ def kit(out: Path, lock_path: Path | None, smoke: bool) -> int:
         lock = lock_path if lock_path and lock_path.exists() else None
         lock = lock or pinned_lock(Path(tmp) / "torch.toml", TORCH)
         result["lock"] = str(lock)
-        anemoi = anemoi_config(Path(tmp), *(("o16", 2) if smoke else ("o96", "o32")))
+        anemoi = anemoi_config(Path(tmp), *(("o16", "o16") if smoke else ("o96", "o32")))
         specs = {"README block": SPEC} | ({"anemoi transformer": anemoi} if anemoi else {})
         for name, spec in specs.items():
             _, body = checked(spec, lock, 2, tmp, "--device", device)

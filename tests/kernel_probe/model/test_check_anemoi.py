@@ -1,8 +1,8 @@
 """check-model on anemoi's models (issue 54): anemoi-training's gnn, graphtransformer and
 transformer presets, read from the installed package, at check-model's CPU-sized grid (an O16
-dataset, 1,600 nodes; an icosahedron r2 hidden mesh, 162), run to a verdict: the CPU build fills the
-graph with seeded values, every edge index in range (before: uninitialised memory, an IndexError in
-the first forward, the check recorded "not run")."""
+dataset, 1,600 nodes; hidden nodes: an icosahedron r2, 162, or O16 for the transformer), run to a
+verdict: the CPU build fills the graph with seeded values, every edge index in range (before:
+uninitialised memory, an IndexError in the first forward, the check recorded "not run")."""
 
 from __future__ import annotations
 
