@@ -75,7 +75,7 @@ def smoke_run(tmp_path_factory) -> SmokeRun:
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=1500,
+        timeout=1800,
         env=env,
     )
     return SmokeRun(out.returncode, out.stdout, time.perf_counter() - t0, run_dir, anemoi_missing)
