@@ -40,7 +40,7 @@ def timing_line(result: Check) -> str:
     """``1.12x per step (0.93 -> 0.83 s, 95% interval 1.05-1.20x over 10 rounds)``."""
     t = result.timing
     if not t:
-        return f"not timed: {result.why}"
+        return f"not timed: {result.why or 'the model with the lock raised in its step'}"
     low, high = t["interval"]
     return (
         f"{t['ratio']:.2f}x per step ({t['written']:.3g} -> {t['applied']:.3g} s, 95% interval "

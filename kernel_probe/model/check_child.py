@@ -304,6 +304,14 @@ def check_model(request: Mapping[str, Any]) -> dict[str, Any]:
         if phases[-1]["diverging"]:
             break
     verdict = "diverging" if phases[-1]["diverging"] else "agree"
-    timing = _timing(*[_Run(m, args, kwargs, [], r) for m, r in zip(timed, ("", ""), strict=True)])
     notes = built + [f"{s.where or '<model>'}: left as written ({s.reason})" for s in report.left]
+    try:
+        timing = _timing(
+            *[_Run(m, args, kwargs, [], r) for m, r in zip(timed, ("", ""), strict=True)]
+        )
+    except Exception as exc:  # the applied model raising in its step (its phase said so): untimed
+        if verdict == "agree":
+            raise
+        timing = None
+        notes.insert(0, f"not timed: the training step raised {type(exc).__name__}")
     return {"verdict": verdict, "phases": phases, "sites": sites, "timing": timing, "notes": notes}

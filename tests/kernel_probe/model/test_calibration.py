@@ -34,15 +34,16 @@ def calibrated(spec: str, tmp_path: Path) -> dict:
     return out
 
 
-def assert_calibrated(results: dict, phase: str) -> None:
+def assert_calibrated(results: dict, phase: str, what: str = "norm") -> None:
     torch_nn, two_pass, stale = results.values()
     assert torch_nn.verdict == "agree" and torch_nn.worst_ratio == 0.0  # torch.nn: as written
     assert two_pass.verdict == "agree" and two_pass.sites, two_pass.first
     assert two_pass.worst_ratio is not None and two_pass.worst_ratio < 1
     assert stale.verdict == "diverging" and stale.first is not None
     assert stale.first["phase"] == phase, stale.first
-    assert "norm" in stale.first["what"], stale.first
-    assert stale.worst_ratio is not None and stale.worst_ratio > 1
+    assert what in stale.first["what"], stale.first
+    if what == "norm":  # a raising phase has no worst quantity
+        assert stale.worst_ratio is not None and stale.worst_ratio > 1
 
 
 @pytest.mark.parametrize("model", SMALL)
@@ -58,4 +59,6 @@ def test_the_rule_on_anemois_transformer_at_a_cpu_grid(tmp_path):
     from tests.anemoi_build import write_sized
 
     config = write_sized(tmp_path / "training.yaml", "transformer")
-    assert_calibrated(calibrated(f"anemoi:{config}", tmp_path), STEP_1)
+    # anemoi checkpoints its layers: the stale copy makes the recomputed forward save other
+    # tensors than the first, and torch refuses the backward (training would stop there)
+    assert_calibrated(calibrated(f"anemoi:{config}", tmp_path), FIRST, "raised CheckpointError")

@@ -147,3 +147,29 @@ def test_a_device_not_here_is_refused_before_the_model_is_built(tmp_path, capsys
     args = ["check-model", BLOCK, "--lock", lock, "--trust", "kp_zoo", "--device", "cuda"]
     code, _, err = run_cli(args, capsys)
     assert code == 3 and "check-model on cuda (--device)" in err and "--device cpu" in err
+
+
+def test_a_lock_whose_step_raises_diverges_and_is_not_timed(tmp_path, monkeypatch):
+    """A LayerNorm whose backward raises (as anemoi's checkpointing does on a stale copy): the
+    phase diverges naming the error, and the timed step, which raises too, is skipped, said so."""
+    (tmp_path / "kp_raising.py").write_text(
+        "import torch\n"
+        "class _Raise(torch.autograd.Function):\n"
+        "    @staticmethod\n"
+        "    def forward(ctx, x):\n"
+        "        return x.clone()\n"
+        "    @staticmethod\n"
+        "    def backward(ctx, g):\n"
+        "        raise RuntimeError('no backward here')\n"
+        "class RaisingLayerNorm(torch.nn.LayerNorm):\n"
+        "    def forward(self, x):\n"
+        "        return _Raise.apply(super().forward(x))\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    pins = {"LayerNorm": "kp_raising.RaisingLayerNorm"}
+    lock = pinned_lock(tmp_path / "raising.toml", pins, trusted=("kp_raising",))
+    request = {"spec": parse_spec(BLOCK).to_json(), "lock": str(lock), "trust": ["kp_raising"]}
+    result = check_model(request | {"steps": 1})
+    assert result["verdict"] == "diverging" and result["timing"] is None
+    assert result["phases"][-1]["diverging"][0]["what"].startswith("raised RuntimeError")
+    assert result["notes"][0] == "not timed: the training step raised RuntimeError"
