@@ -69,7 +69,9 @@ def checked(spec: str, lock: Path, steps: int, cwd: str, *extra: str) -> tuple[f
     return took, json.loads(out)
 
 
-def step_line(t: dict[str, Any]) -> str:
+def step_line(t: dict[str, Any] | None) -> str:
+    if not t:
+        return "not timed (see the notes)"
     low, high = t["interval"]
     return (
         f"{t['ratio']:.2f}x per step ({t['written'] * 1e3:.2f} -> {t['applied'] * 1e3:.2f} ms, "
