@@ -100,6 +100,28 @@ def write_overlay(path: Path, preset: str) -> Path:
     return path
 
 
+def write_sized(
+    path: Path, preset: str, data_grid: str = "o16", hidden: int | str | None = None
+) -> Path:
+    """:func:`write_overlay` at a size of one's choice: the dataset named after ``data_grid`` (the
+    builder reads the grid from the name), the hidden nodes an icosahedron refined ``hidden`` times
+    (an int: TriNodes; r2 = 162 nodes; the multi-scale graph's) or a reduced Gaussian grid (a name,
+    ``"o96"``: the encoder-decoder graph's, whose schema takes no TriNodes keys). The default is
+    check-model's CPU-sized grid: an O16 dataset (1,600 nodes), r2 or O16 hidden nodes."""
+    import yaml
+
+    body = yaml.safe_load(write_overlay(path, preset).read_text())
+    body["system"]["input"]["dataset"] = f"/nonexistent/aifs-{data_grid}-unused.zarr"
+    gaussian = preset == "transformer"  # its graph: encoder_decoder_only (PRESET_EXTRA)
+    hidden = ("o16" if gaussian else 2) if hidden is None else hidden
+    if gaussian != isinstance(hidden, str):
+        raise ValueError(f"{preset}'s hidden nodes: {'a grid name' if gaussian else 'an int'}")
+    builder = {"grid": hidden} if gaussian else {"resolution": hidden}
+    body["graph"] = {"nodes": {"hidden": {"node_builder": builder}}}
+    path.write_text(yaml.safe_dump(body, sort_keys=False))
+    return path
+
+
 def compose_file(path: Path):
     from hydra import compose, initialize_config_dir
 

@@ -14,12 +14,14 @@ graph the config describes, sized by ``kernel_probe.anemoi.grids`` (O96 = 40,320
 nodes, input variables)``.
 
 The graph itself is not built (that needs the dataset, anemoi-utils' grid files and scikit-learn):
-its node coordinates, edge attributes and edge indices are uninitialised tensors of the real sizes,
-so the model is for tracing on the meta device (``with torch.device("meta")``: no memory at any
-size), not for computing. Two of anemoi-models' graph helpers read the graph's values (the
-in-degrees that split the edges into chunks, the sources a chunk touches); on the meta device they
-take each destination's in-degree as equal and every source as touched (``meta_graph``: chunk
-sizes are estimates there; any other tensor goes to anemoi's own code). The variables are the
+its node coordinates, edge attributes and edge indices are tensors of the real sizes:
+uninitialised on the meta device (``with torch.device("meta")``: the trace, no memory at any
+size), seeded elsewhere (check-model on the CPU or a GPU: a synthetic graph with every edge index
+in range, and seeded inputs, a warning says so; ``_Values``). Two of anemoi-models' graph
+helpers read the graph's values (the in-degrees that split the edges into chunks, the sources a
+chunk touches); on the meta device they take each destination's in-degree as equal and every
+source as touched (``meta_graph``: chunk sizes are estimates there; any other tensor goes to
+anemoi's own code). The variables are the
 dataset's where it is readable here, else the config's forcings and diagnostics plus
 ``ASSUMED_PROGNOSTIC`` (a warning says so). Where flash-attn is not importable here, a
 ``flash_attention`` component is built with anemoi's ``scaled_dot_product_attention`` (the same
@@ -44,6 +46,12 @@ from kernel_probe.errors import InputFileError
 ASSUMED_PROGNOSTIC = ("10u", "10v", "2t", "msl", "t_850", "z_500")
 FLASH = "flash_attention"
 SDPA = "scaled_dot_product_attention"
+SEED = 0
+SEEDED_GRAPH = (
+    "the graph is synthetic: its sizes are the config's, its coordinates, attributes and edges "
+    "seeded values (kernel_probe.anemoi.model._Values), not the grid's geometry; the inputs are "
+    "seeded too"
+)
 
 
 # ---- the config ----------------------------------------------------------------------------------
@@ -225,23 +233,64 @@ def sdpa_where_no_flash(cfg: Any) -> None:
 
 # ---- the model -----------------------------------------------------------------------------------
 def _graph(cfg: Any, sizes: GraphSizes) -> Any:
-    """A ``HeteroData`` with the config's node and edge sets at their sizes, values unset."""
+    """A ``HeteroData`` with the config's node and edge sets at their sizes: values unset on the
+    meta device, else seeded ones (:class:`_Values`)."""
     import torch  # reason: torch in the child only
     from torch_geometric.data import HeteroData  # type: ignore[import-untyped]
 
-    g = HeteroData()
+    g, values = HeteroData(), _Values()
     for name, n in sizes.nodes.items():
-        g[name].x = torch.empty(n, 2)
+        g[name].x = values.coordinates(n)
         for attribute in cfg.graph.nodes[name].get("attributes") or {}:
-            g[name][attribute] = torch.empty(n, 1)
+            g[name][attribute] = values.uniform(n, 1)
     widths = {"edge_length": 1, "edge_dirs": 2}
     for edge in cfg.graph.edges:
-        store = g[(edge.source_name, "to", edge.target_name)]
-        n = sizes.edges[(edge.source_name, edge.target_name)]
-        store.edge_index = torch.empty(2, n, dtype=torch.long)
+        key = (str(edge.source_name), str(edge.target_name))
+        store, n = g[(key[0], "to", key[1])], sizes.edges[key]
+        store.edge_index = values.edges(n, sizes.nodes[key[0]], sizes.nodes[key[1]])
         for attribute in edge.attributes:
-            store[attribute] = torch.empty(n, widths.get(str(attribute), 1))
+            store[attribute] = values.normal(n, widths.get(str(attribute), 1))
+    if torch.empty(0).device.type != "meta":
+        warnings.warn(SEEDED_GRAPH, stacklevel=2)
     return g
+
+
+class _Values:
+    """The graph's and the batch's values on the default device: uninitialised on the meta device
+    (tracing reads no value); elsewhere (check-model computes) seeded (``SEED``) values of the real
+    sizes: coordinates uniform over latitude and longitude, attributes uniform in [0.5, 1.5), edge
+    features and inputs standard normal, each edge set's sources drawn uniformly and its
+    destinations spread evenly (every destination the same in-degree, up to one): every index in
+    range. A synthetic graph (:data:`SEEDED_GRAPH`): the models compared see the same one."""
+
+    def __init__(self) -> None:
+        import torch  # reason: torch in the child only
+
+        self.torch, self.device = torch, torch.empty(0).device
+        self.meta = self.device.type == "meta"
+        self.gen = torch.Generator().manual_seed(SEED)
+
+    def _drawn(self, draw: Any, *shape: int) -> Any:
+        if self.meta:
+            return self.torch.empty(*shape)
+        return draw(shape, generator=self.gen, device="cpu").to(self.device)
+
+    def uniform(self, *shape: int) -> Any:
+        return self._drawn(self.torch.rand, *shape) + 0.5
+
+    def normal(self, *shape: int) -> Any:
+        return self._drawn(self.torch.randn, *shape)
+
+    def coordinates(self, n: int) -> Any:
+        """(latitude, longitude) in radians."""
+        return (self._drawn(self.torch.rand, n, 2) - 0.5) * self.torch.tensor([3.1416, 6.2832])
+
+    def edges(self, n: int, sources: int, destinations: int) -> Any:
+        torch = self.torch
+        if self.meta:
+            return torch.empty(2, n, dtype=torch.long)
+        src = torch.randint(sources, (n,), generator=self.gen)
+        return torch.stack([src, torch.arange(n) * destinations // max(n, 1)]).to(self.device)
 
 
 def build(config: str) -> tuple[Any, tuple[Any, ...], dict[str, Any]]:
@@ -301,11 +350,11 @@ def build(config: str) -> tuple[Any, tuple[Any, ...], dict[str, Any]]:
     attention_through_the_slot(model)
     model.to(device)
     run = batch_sizes(cfg)
-    batch = {}
+    batch, values = {}, _Values()
     for name, index in indices.items():
         inputs = len(index.data.input.full)  # type: ignore[attr-defined]
         grid = sizes.nodes[name]
-        batch[name] = torch.empty(run.batch, run.steps, run.ensemble, grid, inputs)
+        batch[name] = values.normal(run.batch, run.steps, run.ensemble, grid, inputs)
     return model, (batch,), forward_keywords(model.model, config)
 
 

@@ -24,6 +24,11 @@ def add_check_model_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--timeout", type=seconds, default=DEFAULT_TIMEOUT, metavar="SECONDS", help=limit
     )
+    where = (
+        "the device the check runs on: cpu or cuda (default: the one the lock was probed on, "
+        "the CPU for a CPU lock; exit 3 where it is not here)"
+    )
+    p.add_argument("--device", choices=("cpu", "cuda"), default="", help=where)
     output.add_trust_argument(p)
 
 
@@ -35,7 +40,7 @@ def timing_line(result: Check) -> str:
     """``1.12x per step (0.93 -> 0.83 s, 95% interval 1.05-1.20x over 10 rounds)``."""
     t = result.timing
     if not t:
-        return f"not timed: {result.why}"
+        return f"not timed: {result.why or 'the model with the lock raised in its step'}"
     low, high = t["interval"]
     return (
         f"{t['ratio']:.2f}x per step ({t['written']:.3g} -> {t['applied']:.3g} s, 95% interval "
@@ -48,6 +53,7 @@ def render(result: Check) -> None:
     say = output.console().print
     where = ", ".join(result.sites) or "none"
     say(safe(f"model {result.spec} with {result.lock} (applied sites: {where})"))
+    say(safe(f"on {result.device} ({result.device_why})"))
     first = result.first
     if result.verdict == "not-run":
         say(safe(f"not checked: {result.why}"))
@@ -64,7 +70,10 @@ def render(result: Check) -> None:
 
 def run_check_model(args: argparse.Namespace) -> int:
     """``kernel-probe check-model``: 0 agree (or not run, said why), 3 diverging."""
-    result = check(args.spec, args.lock, steps=args.steps, trust=args.trust, timeout=args.timeout)
+    result = check(
+        args.spec, args.lock, steps=args.steps, trust=args.trust, timeout=args.timeout,
+        device=args.device,
+    )  # fmt: skip
     if args.json:
         output.print_json(output.with_failure(result.to_dict(), None))
     else:

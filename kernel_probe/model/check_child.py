@@ -85,6 +85,7 @@ class _Run:
     def __init__(self, model: nn.Module, args: tuple, kwargs: dict, sites: list[str], role: str):
         self.model, self.args, self.kwargs, self.role = model, args, kwargs, role
         self.sites = _Sites(model, sites)
+        self.device = next(model.parameters(), torch.empty(0)).device
 
     def forward(self, model: nn.Module | None = None) -> Values:
         _Run.blame = "lock" if model is not None or self.role == "applied" else self.role
@@ -215,9 +216,12 @@ def _judge(phase: str, values: list[Values]) -> dict[str, Any]:
 
 
 def _step_time(run: _Run) -> float:
+    sync = torch.cuda.synchronize if run.device.type == "cuda" else (lambda: None)
+    sync()  # a GPU's queued work is the step's own, not the previous one's
     begun = time.perf_counter()
     run.train()
     run.step()
+    sync()
     return time.perf_counter() - begun
 
 
@@ -258,12 +262,19 @@ def check_model(request: Mapping[str, Any]) -> dict[str, Any]:
     spec, trust = request["spec"], [str(t) for t in request.get("trust", [])]
     _trusted_slots(trust)
     call = spec["call"] if spec["kind"] != ANEMOI else ".".join(ANEMOI_BUILDER)
+    device = str(request.get("device", "cpu"))
+    if device == "cuda" and not torch.cuda.is_available():
+        why = f"torch {torch.__version__} sees no GPU here (torch.cuda.is_available() is False)"
+        return {"verdict": "device-absent", "why": why}
     try:
-        model, args, kwargs = _build(_callable(spec), call, "cpu")
+        with warnings.catch_warnings(record=True) as said:  # the builder's notes: the output's
+            warnings.simplefilter("always")
+            model, args, kwargs = _build(_callable(spec), call, device)
     except ModelCodeError:
         raise
     except BaseException as exc:
         raise ModelCodeError(f"{call}() raised {type(exc).__name__}: {exc}") from None
+    built = list(dict.fromkeys(str(w.message) for w in said if w.category is UserWarning))
     if _meta(model):
         why = "its parameters are on the meta device (no real sizes on the CPU)"
         return {"verdict": "not-run", "why": why, "phases": [], "sites": [], "timing": None}
@@ -293,6 +304,14 @@ def check_model(request: Mapping[str, Any]) -> dict[str, Any]:
         if phases[-1]["diverging"]:
             break
     verdict = "diverging" if phases[-1]["diverging"] else "agree"
-    timing = _timing(*[_Run(m, args, kwargs, [], r) for m, r in zip(timed, ("", ""), strict=True)])
-    notes = [f"{s.where or '<model>'}: left as written ({s.reason})" for s in report.left]
+    notes = built + [f"{s.where or '<model>'}: left as written ({s.reason})" for s in report.left]
+    try:
+        timing = _timing(
+            *[_Run(m, args, kwargs, [], r) for m, r in zip(timed, ("", ""), strict=True)]
+        )
+    except Exception as exc:  # the applied model raising in its step (its phase said so): untimed
+        if verdict == "agree":
+            raise
+        timing = None
+        notes.insert(0, f"not timed: the training step raised {type(exc).__name__}")
     return {"verdict": verdict, "phases": phases, "sites": sites, "timing": timing, "notes": notes}

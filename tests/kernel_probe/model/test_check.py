@@ -10,10 +10,10 @@ import pytest
 
 import kernel_lock
 from kernel_lock.lock import KernelLock
-from kernel_lock.schema import EnvField, Environment, Slot
-from kernel_lock.slots import SPECS
+from kernel_lock.schema import EnvField, Environment
 from kernel_probe.model.spec import parse_spec
 from tests.conftest import run_cli
+from tests.model_locks import pinned_lock
 
 torch = pytest.importorskip("torch")
 
@@ -24,20 +24,10 @@ ROOT = Path(__file__).resolve().parents[3]
 BLOCK = f"{ROOT}/tests/models/block.py:build"
 
 
-def layer_norm_lock(target: str, path: Path) -> Path:
-    """A hand-made lock pinning the LayerNorm slot to ``target`` (trusted kp_zoo)."""
-    slot = Slot(
-        name="LayerNorm", implementation="zoo.layer-norm", target=target,
-        semantics=SPECS["LayerNorm"].semantics,
-    )  # fmt: skip
-    env = Environment(fields={"device-type": EnvField(value="cpu", match="exact")})
-    lock = KernelLock(
-        created_by="test", trusted_modules=("kp_zoo",), environment=env,
-        slots={"LayerNorm": slot},
-    )  # fmt: skip
-    lock.sealed().dump(path)
-    kernel_lock.load(path, trust=["kp_zoo"], emit_warnings=False)  # it reads back
-    return path
+def layer_norm_lock(target: str, path: Path, linear: str = "") -> Path:
+    """A hand-made lock pinning the LayerNorm slot to ``target`` (and the Linear slot to
+    ``linear``, where given; trusted kp_zoo)."""
+    return pinned_lock(path, {"LayerNorm": target} | ({"Linear": linear} if linear else {}))
 
 
 def check(target: str, tmp_path: Path, steps: int = 2) -> dict:
@@ -133,3 +123,53 @@ def test_the_written_model_raising_is_the_models_error_not_a_divergence(tmp_path
     spec = parse_spec(f"{ROOT}/tests/models/broken.py:forward_raises").to_json()
     with pytest.raises(ModelCodeError, match="in the first forward and backward, the model as "):
         check_model({"spec": spec, "lock": str(lock), "trust": ["kp_zoo"], "steps": 1})
+
+
+def test_the_device_is_the_one_the_lock_was_probed_on_unless_chosen(tmp_path):
+    from kernel_probe.model.check import device_for
+
+    cpu = kernel_lock.load(layer_norm_lock("kp_zoo.norms.GoodLayerNorm", tmp_path / "c.toml"))
+    assert device_for(cpu, "") == ("cpu", "the lock was probed on cpu")
+    assert device_for(cpu, "cuda") == ("cuda", "--device")
+    for probed, device in (("cuda", "cuda"), ("rocm", "cuda"), ("mps", "cpu")):
+        env = Environment(fields={"device-type": EnvField(value=probed, match="exact")})
+        gpu = KernelLock(created_by="test", environment=env, slots={})
+        assert device_for(gpu, "")[0] == device
+    assert "pass --device cuda" in device_for(gpu, "")[1]  # mps: not a device the check runs on
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is here: the cuda path runs")
+def test_a_device_not_here_is_refused_before_the_model_is_built(tmp_path, capsys):
+    lock = layer_norm_lock("kp_zoo.norms.GoodLayerNorm", tmp_path / "good.toml")
+    request = {"spec": parse_spec(BLOCK).to_json(), "lock": str(lock), "trust": ["kp_zoo"]}
+    answer = check_model(request | {"device": "cuda"})
+    assert answer["verdict"] == "device-absent" and "no GPU" in answer["why"]
+    args = ["check-model", BLOCK, "--lock", lock, "--trust", "kp_zoo", "--device", "cuda"]
+    code, _, err = run_cli(args, capsys)
+    assert code == 3 and "check-model on cuda (--device)" in err and "--device cpu" in err
+
+
+def test_a_lock_whose_step_raises_diverges_and_is_not_timed(tmp_path, monkeypatch):
+    """A LayerNorm whose backward raises (as anemoi's checkpointing does on a stale copy): the
+    phase diverges naming the error, and the timed step, which raises too, is skipped, said so."""
+    (tmp_path / "kp_raising.py").write_text(
+        "import torch\n"
+        "class _Raise(torch.autograd.Function):\n"
+        "    @staticmethod\n"
+        "    def forward(ctx, x):\n"
+        "        return x.clone()\n"
+        "    @staticmethod\n"
+        "    def backward(ctx, g):\n"
+        "        raise RuntimeError('no backward here')\n"
+        "class RaisingLayerNorm(torch.nn.LayerNorm):\n"
+        "    def forward(self, x):\n"
+        "        return _Raise.apply(super().forward(x))\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    pins = {"LayerNorm": "kp_raising.RaisingLayerNorm"}
+    lock = pinned_lock(tmp_path / "raising.toml", pins, trusted=("kp_raising",))
+    request = {"spec": parse_spec(BLOCK).to_json(), "lock": str(lock), "trust": ["kp_raising"]}
+    result = check_model(request | {"steps": 1})
+    assert result["verdict"] == "diverging" and result["timing"] is None
+    assert result["phases"][-1]["diverging"][0]["what"].startswith("raised RuntimeError")
+    assert result["notes"][0] == "not timed: the training step raised RuntimeError"
