@@ -4,6 +4,7 @@ ratio, and what it decides (the rounds themselves: test_rounds.py)."""
 from __future__ import annotations
 
 import math
+import random
 
 import pytest
 
@@ -67,6 +68,32 @@ def test_the_verdict_is_where_the_interval_lies(ratios, verdict):
     got = repetitions.paired(_rows({"s": [[1.0, r] for r in ratios]}), ["s"])
     assert got is not None and got.verdict == verdict and got.rounds == len(ratios)
     assert got.decided is (verdict != "undecided")
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_a_futile_candidate_would_not_have_been_faster_at_the_cap(seed):
+    """The futility rule changes no decision: wherever it stops the rounds, the same rounds and
+    any that the cap allowed after them would not have made the candidate faster; and the rounds
+    it lets go on can still make it so."""
+    rng = random.Random(seed)
+    centre = rng.choice([0.85, 0.9, 0.93, 0.95, 1.0, 1.1])
+    n = repetitions.MAX_ROUNDS
+    ratios = [
+        centre * rng.uniform(0.85, 1.15) * (rng.choice([0.1, 10]) if rng.random() < 0.1 else 1)
+        for _ in range(n)
+    ]
+    for rounds in range(repetitions.MIN_ROUNDS, n + 1):
+        got = repetitions.paired(_rows({"s": [[1.0, r] for r in ratios[:rounds]]}), ["s"])
+        assert got is not None
+        best = ratios[:rounds] + [1e-9] * (n - rounds)  # the best the rounds left could measure
+        at_cap = repetitions.paired(_rows({"s": [[1.0, r] for r in best]}), ["s"])
+        assert at_cap is not None
+        assert got.futile is (got.verdict == "undecided" and at_cap.verdict != "faster")
+        if got.futile:  # what the cap would have decided on the real rounds: not faster either
+            real = repetitions.paired(_rows({"s": [[1.0, r] for r in ratios]}), ["s"])
+            assert real is not None and real.verdict != "faster"
+            break
+    assert got.futile or got.verdict != "undecided"  # at the cap, undecided is futile
 
 
 def test_said_names_the_ratio_its_interval_and_the_rounds():
