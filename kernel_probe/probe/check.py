@@ -296,7 +296,12 @@ def _time_slot(
         n = repetitions.block(timing.reps)
         first.update(reps=n, max_reps=n, min_seconds=0.0)
         _rounds(
-            slot, timeable, checks, pool, timing, (first, {**first, "warmup": 0, "check": False})
+            slot,
+            timeable,
+            checks,
+            pool,
+            timing,
+            (first, first | {"warmup": 0, "check": False, "first": False}),
         )
 
 

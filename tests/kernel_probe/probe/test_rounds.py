@@ -111,6 +111,7 @@ def test_the_default_and_the_other_alternate_and_a_real_win_is_decided_through_l
     # the first block of each is its full first timing (warm-up, check); the later ones bare
     assert calls[0][1]["warmup"] == 1 and calls[2][1]["warmup"] == 0
     assert calls[0][1].get("check", True) and calls[3][1]["check"] is False
+    assert calls[0][1].get("first", True) and calls[2][1]["first"] is False  # no untimed call
     assert picked.report.id == "torch.sdpa.flash" and picked.how == "fastest"
     assert "1.33x faster than torch.sdpa at 4x32x256 bfloat16: time ratio 0.75" in picked.reason
     flash = timings["torch.sdpa.flash"][0]
