@@ -68,7 +68,9 @@ def probe(tree: Path, out: Path, argv: Sequence[str]) -> float:
     env = {**os.environ, "PYTHONPATH": str(tree)}
     command = [sys.executable, "-m", "kernel_probe", "--out", str(out), *argv]
     t0 = time.perf_counter()
-    done = launch.run(command, cwd=tree, env=env)
+    # from outside the tree: the workers (python -I) drop a PYTHONPATH entry that is the working
+    # directory, and would import this checkout's code through its install (as probe_time.py)
+    done = launch.run(command, cwd=out.parent, env=env)
     if done.returncode != 0:
         tail = "\n  ".join(done.stderr.splitlines()[-6:])
         raise SystemExit(f"FAILED (exit {done.returncode}): {' '.join(command)}\n  {tail}")

@@ -296,7 +296,12 @@ def _time_slot(
         n = repetitions.block(timing.reps)
         first.update(reps=n, max_reps=n, min_seconds=0.0)
         _rounds(
-            slot, timeable, checks, pool, timing, (first, {**first, "warmup": 0, "check": False})
+            slot,
+            timeable,
+            checks,
+            pool,
+            timing,
+            (first, first | {"warmup": 0, "check": False, "first": False}),
         )
 
 
@@ -309,8 +314,8 @@ def _rounds(
     options: tuple[dict[str, Any], dict[str, Any]],
 ) -> None:
     """Paired rounds: per round, per candidate still undecided, a block of the default and one of
-    it (the order swapped every round), until each is decided (``--reps N``: N calls each, in
-    ``MIN_ROUNDS`` rounds at least, all of them), ``MAX_ROUNDS`` or the slot's budget."""
+    it (the order swapped every round), until each is decided or futile (``--reps N``: N calls
+    each, in ``MIN_ROUNDS`` rounds at least, all of them) or the slot's budget ends."""
     (base_cand, base), rest = timeable[0], list(timeable[1:])
     shapes, weights = timing.timed_at.get(slot, timing.shapes), timing.weights.get(slot)
     kind = "gpu" if checks.device != "cpu" else "cpu"
@@ -329,15 +334,16 @@ def _rounds(
             _pair(checked, got[base_cand.id], got[cand.id])
         rest = [(c, d) for c, d in rest if _timed_ok(d)]
         if not timing.fixed:
-            rest = [(c, d) for c, d in rest if not _decided(d, shapes, weights)]
+            rest = [(c, d) for c, d in rest if not _settled(d, shapes, weights)]
         if not timing.fixed and time.perf_counter() - started >= budget:
             how = "budget"
         if not rest or not _timed_ok(base) or how == "budget":
             break
     for _, checked in timeable[1:]:
-        undecided = any(checked is d for _, d in rest)
+        left = timing.fixed or any(checked is d for _, d in rest)
+        said = how if left else _settled(checked, shapes, weights) or how
         for row in checked.timings or ():
-            row["timed"] = how if undecided or timing.fixed else "decided"
+            row["timed"] = said
     for row in base.timings or ():
         row["timed"] = "default"
 
@@ -350,9 +356,12 @@ def _timed_ok(checked: Checked) -> bool:
     )
 
 
-def _decided(checked: Checked, shapes: Sequence[str], weights: Mapping[str, int] | None) -> bool:
+def _settled(checked: Checked, shapes: Sequence[str], weights: Mapping[str, int] | None) -> str:
+    """Why no more rounds: "decided", "futile" (``Ratio.futile``); "" while more could decide."""
     ratio = repetitions.paired(checked.timings or (), shapes, weights)
-    return ratio is not None and ratio.decided
+    if ratio is None:
+        return ""
+    return "decided" if ratio.decided else "futile" if ratio.futile else ""
 
 
 def _pair(

@@ -290,6 +290,8 @@ def _fastest_or_default(
     if undecided:
         detail = f"undecided (keeping the default): {closest.id} {over}: {said}"
         detail += f" straddles the {margin} margin" if scored[closest.id].interval else ""
+        cap = f", and could not clear it in {repetitions.MAX_ROUNDS} rounds"
+        detail += cap if scored[closest.id].futile else ""
     else:
         verdict = scored[closest.id].verdict
         words = {"same": f"the same speed within {margin}", "slower": "slower"}

@@ -8,8 +8,9 @@ so load that comes and goes hits both alike. A round's **ratio** is the candidat
 over the default's (with a model's calls per shape, the model's time in the slot; else the
 geometric mean over the shapes). The decision is on the median of the rounds' ratios and its
 distribution-free interval (``LEVEL``; order statistics, ``median_interval``): rounds go on, from
-``MIN_ROUNDS``, until the interval excludes both boundaries ``1 / (1 + MIN_MARGIN)`` and ``1 +
-MIN_MARGIN``, or ``MAX_ROUNDS`` or the slot's budget ends them (``undecided``).
+``MIN_ROUNDS``, until the interval is on one side of the faster boundary ``1 / (1 + MIN_MARGIN)``
+(``decided``), or no rounds left before ``MAX_ROUNDS`` could put it below (``futile``: undecided,
+as it would be at the cap), or the slot's budget ends them (undecided).
 """
 
 from __future__ import annotations
@@ -46,10 +47,12 @@ def block(reps: int) -> int:
     return max(1, reps // MIN_ROUNDS)
 
 
-def median_interval(samples: Sequence[float], level: float = LEVEL) -> tuple[float, float] | None:
-    """The median's distribution-free interval: ``(x_(k), x_(n+1-k))`` sorted, for the largest ``k``
-    with ``P(Binomial(n, 1/2) < k) <= (1 - level) / 2``; None where there is none."""
-    n = len(samples)
+def order(n: int, level: float = LEVEL) -> int:
+    """The largest ``k`` with ``P(Binomial(n, 1/2) < k) <= (1 - level) / 2`` (0: no interval).
+
+    >>> order(6), order(7), order(10), order(11), order(12)
+    (0, 1, 1, 2, 2)
+    """
     tail = (1 - level) / 2
     k, below = 0, 0.0  # below: P(B < k + 1) as k grows
     while k < n // 2:
@@ -57,10 +60,29 @@ def median_interval(samples: Sequence[float], level: float = LEVEL) -> tuple[flo
         if below > tail:
             break
         k += 1
+    return k
+
+
+def median_interval(samples: Sequence[float], level: float = LEVEL) -> tuple[float, float] | None:
+    """The median's distribution-free interval: ``(x_(k), x_(n+1-k))`` sorted, ``k = order(n)``;
+    None where there is none."""
+    n, k = len(samples), order(len(samples), level)
     if k == 0:
         return None
     ordered = sorted(samples)
     return ordered[k - 1], ordered[n - k]
+
+
+def lowest_high(samples: Sequence[float], rounds: int = MAX_ROUNDS) -> float | None:
+    """The lowest upper end the interval could reach by ``rounds`` rounds, whatever the rounds left
+    measure: every one below all of ``samples`` puts it at ``x_(n+1-k)``, ``k = order(rounds)``
+    (a later round's ``k`` is no smaller, so the cap's is the lowest); None: no bound yet.
+
+    >>> lowest_high([1.0, 0.9, 1.1, 1.0, 0.97, 1.2, 0.5]), lowest_high([1.0] * 5 + [0.5] * 2)
+    (1.1, 1.0)
+    """
+    n, k = len(samples), order(rounds)
+    return sorted(samples)[n - k] if 0 < k <= n else None
 
 
 @dataclass(frozen=True)
@@ -71,6 +93,20 @@ class Ratio:
     ratio: float
     interval: tuple[float, float] | None
     rounds: int
+    reachable: float | None = None  # the lowest upper end ``MAX_ROUNDS`` rounds could give
+
+    @property
+    def futile(self) -> bool:
+        """Undecided, and no rounds left before ``MAX_ROUNDS`` could make it faster: their
+        decision would be this one's (the default kept), so they are not timed.
+
+        >>> Ratio(0.99, (0.8, 1.2), 7, reachable=1.1).futile
+        True
+        >>> Ratio(0.9, (0.8, 1.2), 7, reachable=0.9).futile, Ratio(0.8, (0.7, 0.9), 7, 0.85).futile
+        (False, False)
+        """
+        fast = 1 / (1 + MIN_MARGIN)
+        return self.verdict == "undecided" and self.reachable is not None and self.reachable >= fast
 
     @property
     def verdict(self) -> Verdict:
@@ -147,4 +183,5 @@ def paired(
     if not ratios:
         return None
     interval = median_interval(ratios) if len(ratios) >= MIN_ROUNDS else None
-    return Ratio(statistics.median(ratios), interval, len(ratios))
+    reachable = lowest_high(ratios) if interval else None
+    return Ratio(statistics.median(ratios), interval, len(ratios), reachable)

@@ -26,10 +26,12 @@ from kernel_probe.probe import atshape, measure, onetensor, repetitions
 from kernel_probe.shapes import parse_shape
 
 # check: the check at each timed shape (atshape; off only to measure its cost, and in the later
-# rounds of a paired timing). mode: "fixed" (``reps`` calls, more until ``min_seconds``, at most
-# ``max_reps``: one block of a round, repetitions.py), "sole" (one measured call)
+# rounds of a paired timing). first: the untimed first call (``compile_s``; off in a paired
+# timing's later blocks: the worker made it in the first, so JIT and caches are warm). mode:
+# "fixed" (``reps`` calls, more until ``min_seconds``, at most ``max_reps``: one block of a round,
+# repetitions.py), "sole" (one measured call)
 DEFAULT_OPTIONS: dict[str, Any] = {"warmup": 3, "reps": 20, "min_seconds": 0.2, "max_reps": 200}
-DEFAULT_OPTIONS |= {"check": True, "mode": "fixed"}
+DEFAULT_OPTIONS |= {"check": True, "first": True, "mode": "fixed"}
 MODES = ("fixed", "sole")
 TIMED_INPUT_SEED = 0  # the timed inputs' seed (and so the data the check at the shape sees)
 Tick = Callable[[str, int, int], None]
@@ -113,7 +115,8 @@ def timed_calls(
         with measure.autocasting(mixed):
             bare()
 
-    row["compile_s"] = _first_call(clock, step, tick)
+    if opts["first"]:
+        row["compile_s"] = _first_call(clock, step, tick)
     if opts.get("mode") == "sole":  # the slot's one accepted candidate: one measured call
         samples, how = [clock.time(step)], "sole candidate"
         if tick is not None:
@@ -294,7 +297,8 @@ def _time_shape(run: _Run, shape: str, tick: Tick | None) -> TimingRow:
                 tick("rep", 1, 1)
         samples, how = timed, "sole candidate"
     else:
-        row["compile_s"] = round(_first_call(clock, s.step, tick), 4)
+        if opts["first"]:
+            row["compile_s"] = round(_first_call(clock, s.step, tick), 4)
         samples, how = repeat(clock, s.step, opts, tick, checked)
     return _figures(run, s, row, samples, how)
 

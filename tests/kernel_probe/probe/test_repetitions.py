@@ -4,6 +4,7 @@ ratio, and what it decides (the rounds themselves: test_rounds.py)."""
 from __future__ import annotations
 
 import math
+import random
 
 import pytest
 
@@ -69,6 +70,32 @@ def test_the_verdict_is_where_the_interval_lies(ratios, verdict):
     assert got.decided is (verdict != "undecided")
 
 
+@pytest.mark.parametrize("seed", range(40))
+def test_a_futile_candidate_would_not_have_been_faster_at_the_cap(seed):
+    """The futility rule changes no decision: wherever it stops the rounds, the same rounds and
+    any that the cap allowed after them would not have made the candidate faster; and the rounds
+    it lets go on can still make it so."""
+    rng = random.Random(seed)
+    centre = rng.choice([0.85, 0.9, 0.93, 0.95, 1.0, 1.1])
+    n = repetitions.MAX_ROUNDS
+    ratios = [
+        centre * rng.uniform(0.85, 1.15) * (rng.choice([0.1, 10]) if rng.random() < 0.1 else 1)
+        for _ in range(n)
+    ]
+    for rounds in range(repetitions.MIN_ROUNDS, n + 1):
+        got = repetitions.paired(_rows({"s": [[1.0, r] for r in ratios[:rounds]]}), ["s"])
+        assert got is not None
+        best = ratios[:rounds] + [1e-9] * (n - rounds)  # the best the rounds left could measure
+        at_cap = repetitions.paired(_rows({"s": [[1.0, r] for r in best]}), ["s"])
+        assert at_cap is not None
+        assert got.futile is (got.verdict == "undecided" and at_cap.verdict != "faster")
+        if got.futile:  # what the cap would have decided on the real rounds: not faster either
+            real = repetitions.paired(_rows({"s": [[1.0, r] for r in ratios]}), ["s"])
+            assert real is not None and real.verdict != "faster"
+            break
+    assert got.futile or got.verdict != "undecided"  # at the cap, undecided is futile
+
+
 def test_said_names_the_ratio_its_interval_and_the_rounds():
     assert Ratio(0.5, None, 0).said() == (
         "time ratio 0.50 of the medians (no paired rounds: no interval)"
@@ -126,8 +153,9 @@ def test_two_consecutive_cold_probes_choose_the_same_in_every_slot(tmp_path):
             ("LayerNorm", "torch.layer_norm", "custom:kp_fastlib.FastLayerNorm"),
         ):
             # the other is timed against the default in paired rounds until decided, or undecided
-            # when the rounds or the slot's budget ran out; each row records its load
+            # when no round left could make it faster or the slot's budget ran out; each row
+            # records its load
             assert timed[slot][default] == "default"
-            assert timed[slot][own] in ("decided", "max-rounds", "budget")
+            assert timed[slot][own] in ("decided", "futile", "budget")
             rows = {t["implementation"]: t for t in lock.slots[slot].timing}
             assert rows[own]["rounds"] >= 1 and "busy-processes" in rows[default]

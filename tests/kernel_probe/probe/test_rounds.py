@@ -62,7 +62,11 @@ class _Pool:
 
 
 def _slot(
-    ms: dict[str, float | list[float]], load=lambda i: 1.0, fixed: bool = False, reps: int = 5
+    ms: dict[str, float | list[float]],
+    load=lambda i: 1.0,
+    fixed: bool = False,
+    reps: int = 5,
+    budget_s: float | None = None,
 ):
     by_id = {c.id: c for c in for_slot(builtin(), "Attention")}
     done = [
@@ -87,7 +91,7 @@ def _slot(
     timing = Timing(
         shapes=(), dtype="bfloat16", regime="mixed", reps=reps, timed_at={"Attention": (SHAPE,)}
     )
-    timing = Timing(**{**vars(timing), "fixed": fixed})
+    timing = Timing(**{**vars(timing), "fixed": fixed, "budget_s": budget_s})
     _time_slot("Attention", done, Checks("cpu", [("bfloat16", "mixed")]), _Pool(worker), timing)
     reports = [d.report for _, d in done]
     timings = {d.report.id: d.timings for _, d in done}
@@ -107,6 +111,7 @@ def test_the_default_and_the_other_alternate_and_a_real_win_is_decided_through_l
     # the first block of each is its full first timing (warm-up, check); the later ones bare
     assert calls[0][1]["warmup"] == 1 and calls[2][1]["warmup"] == 0
     assert calls[0][1].get("check", True) and calls[3][1]["check"] is False
+    assert calls[0][1].get("first", True) and calls[2][1]["first"] is False  # no untimed call
     assert picked.report.id == "torch.sdpa.flash" and picked.how == "fastest"
     assert "1.33x faster than torch.sdpa at 4x32x256 bfloat16: time ratio 0.75" in picked.reason
     flash = timings["torch.sdpa.flash"][0]
@@ -165,13 +170,29 @@ def test_no_message_pairs_n_times_faster_with_inside_the_noise_margin():
     assert "17.00x faster" in picked.reason and "98 % interval" in picked.reason
 
 
-def test_an_undecided_candidate_is_said_undecided_and_the_budget_ends_it():
-    # every other round 0.5x, the rest 1.5x: the interval always straddles
+def test_an_undecided_candidate_that_cannot_clear_the_margin_by_the_cap_stops_said_undecided():
+    # every other round 0.5x, the rest 1.5x: the interval straddles, and three rounds at 1.5x of
+    # seven leave the 12-round interval's upper end at 1.5 whatever the five left would measure
     picked, calls, timings = _slot({"torch.sdpa": 2.0, "torch.sdpa.flash": [1.0, 3.0]})
     assert picked.report.id == "torch.sdpa" and picked.how == "default"
     assert "undecided (keeping the default): torch.sdpa.flash" in picked.reason
-    assert timings["torch.sdpa.flash"][0]["timed"] == "max-rounds"
-    assert len(calls) == 2 * repetitions.MAX_ROUNDS
+    assert "could not clear it in 12 rounds" in picked.reason
+    assert timings["torch.sdpa.flash"][0]["timed"] == "futile"
+    assert len(calls) == 2 * repetitions.MIN_ROUNDS
+
+
+def test_a_candidate_that_can_still_clear_the_margin_goes_on_to_its_decision():
+    # one round at 1.5x, then 0.5x: undecided at 7 to 10 rounds (the extremes), never futile (one
+    # high round), faster at 11, where the interval drops one order statistic from each end
+    picked, calls, timings = _slot({"torch.sdpa": 2.0, "torch.sdpa.flash": [3.0] + [1.0] * 11})
+    assert picked.report.id == "torch.sdpa.flash" and picked.how == "fastest"
+    assert timings["torch.sdpa.flash"][0]["timed"] == "decided" and len(calls) == 2 * 11
+
+
+def test_the_budget_ends_the_rounds_and_says_so():
+    picked, calls, timings = _slot({"torch.sdpa": 2.0, "torch.sdpa.flash": 2.0}, budget_s=0.0)
+    assert len(calls) == 2 and timings["torch.sdpa.flash"][0]["timed"] == "budget"
+    assert "undecided (keeping the default): torch.sdpa.flash" in picked.reason
 
 
 def test_a_sole_candidate_gets_one_call_and_its_reason_says_nothing_was_compared():

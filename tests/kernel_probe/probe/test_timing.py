@@ -72,13 +72,14 @@ def test_default_options_time_enough_and_check_at_the_shape():
         "min_seconds",
         "max_reps",
         "check",
+        "first",
         "mode",
     }
     assert (
         1 <= DEFAULT_OPTIONS["reps"] <= DEFAULT_OPTIONS["max_reps"]
         and DEFAULT_OPTIONS["warmup"] >= 1
     )
-    assert DEFAULT_OPTIONS["check"] is True
+    assert DEFAULT_OPTIONS["check"] is True and DEFAULT_OPTIONS["first"] is True
     # what a caller asks is done
     assert DEFAULT_OPTIONS["mode"] == "fixed" and DEFAULT_OPTIONS["mode"] in MODES
 
@@ -396,3 +397,34 @@ def test_timing_progress_in_a_terminal_fits_80_columns_and_counts_calls():
     events.done()
     lines = [line for line in buf.getvalue().replace("\r", "\n").split("\n") if "rep 7/20" in line]
     assert lines and all(len(Text.from_ansi(line).plain) <= 80 for line in lines)
+
+
+def test_a_later_block_of_paired_rounds_makes_no_untimed_first_call():
+    """A paired timing's later blocks (``first``: False, no warm-up) make only the timed calls: the
+    worker made the first call in the candidate's first block. Both timing paths: the norms' and
+    Linear's (``time_candidate``) and the step slots' (``step_rows``)."""
+    from kernel_probe.probe.timing import step_rows
+
+    later = {**FAST, "warmup": 0, "reps": 1, "first": False}
+    seen: list = []
+    [row] = time_candidate(
+        default_for("LayerNorm"),
+        "LayerNorm",
+        "cpu",
+        ["16x8"],
+        "float32",
+        "true",
+        later,
+        seen.append,
+    ).rows
+    assert [(m.phase, m.done) for m in seen] == [("rep", 1)]
+    assert row["reps"] == 1 and "compile_s" not in row
+    calls: list[int] = []
+
+    def run_shape(shape, timed):
+        timed(lambda: calls.append(1))
+
+    for opts, expected in ((later, 1), ({**later, "first": True}, 2)):
+        calls.clear()
+        [row] = step_rows("x", "cpu", ["4x4"], "float32", opts, None, run_shape).rows
+        assert len(calls) == expected and ("compile_s" in row) is opts["first"]
