@@ -26,6 +26,15 @@ def _failed(report, dtype="float32", regime="true"):
     return v, {f.split(":")[0] for f in v.failed}
 
 
+def _rejected_by(verdict, fake, cases, reason):
+    """``fake`` (kp_zoo.inuse) rejected by exactly ``cases`` in float32, naming ``reason``."""
+    _, report = verdict(f"kp_zoo.inuse.{fake}")
+    assert report.status == "rejected"
+    v, failed = _failed(report)
+    assert failed == cases, v.failed
+    assert any(reason in r for r in report.reasons), report.reasons
+
+
 # ---- Activation ----------------------------------------------------------------------------------
 def test_torchs_activation_is_accepted_with_every_case_measured():
     raw, report = act.verdict("torch.gelu", dtypes=act.ALL)
@@ -45,11 +54,7 @@ def test_torchs_activation_is_accepted_with_every_case_measured():
     ],
 )
 def test_an_activation_wrong_in_use_is_rejected_for_that_use(fake, cases, reason):
-    _, report = act.verdict(f"kp_zoo.inuse.{fake}")
-    assert report.status == "rejected"
-    v, failed = _failed(report)
-    assert failed == cases, v.failed
-    assert any(reason in r for r in report.reasons), report.reasons
+    _rejected_by(act.verdict, fake, cases, reason)
 
 
 # ---- GatedMLP ------------------------------------------------------------------------------------
@@ -124,11 +129,7 @@ def test_torchs_attention_is_accepted_with_every_case_measured(cid):
     ],
 )
 def test_an_attention_wrong_in_use_is_rejected_for_that_use(fake, cases, reason):
-    _, report = attn.verdict(f"kp_zoo.inuse.{fake}")
-    assert report.status == "rejected"
-    v, failed = _failed(report)
-    assert failed == cases, v.failed
-    assert any(reason in r for r in report.reasons), report.reasons
+    _rejected_by(attn.verdict, fake, cases, reason)
 
 
 def test_a_second_call_that_returns_the_first_calls_output_is_rejected():
