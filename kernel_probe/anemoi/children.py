@@ -289,7 +289,7 @@ def check(payload: Mapping[str, Any]) -> dict[str, Any]:
 @contextlib.contextmanager
 def _address_space(budget: int) -> Iterator[None]:
     """While the block runs, this process may map at most ``budget`` bytes more than it has mapped
-    now (0: no cap): the one rule of the children's memory caps (docs/threat-model.md). A YAML alias
+    now (0: no cap): the one rule of the children's memory caps (docs/anemoi.md). A YAML alias
     bomb or a runaway schema ends as a MemoryError here, not as the node's; torch is imported before
     it, since a CUDA/ROCm build maps GBs of libraries (untouched) that no budget should count. The
     soft limit only, so it is lifted again after the block."""
