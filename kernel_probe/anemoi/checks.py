@@ -284,7 +284,7 @@ def schema_run(config: Config) -> SchemaRun | str:
         shipped = True
     except (ValueError, OSError):
         shipped = False
-    request = SchemaRequest(tree=tree, model_file=model_file, preset=preset)
+    request = SchemaRequest(tree=tree, model_file=model_file, preset=preset, memory=COMPOSE_MEMORY)
     return SchemaRun(request, how, preset, shipped)
 
 
@@ -302,9 +302,7 @@ def schema_findings(
     if isinstance(run, str):
         return run, []
     if reply is None:
-        result = run_function(
-            CHILDREN, "validate", run.request, timeout=timeout, memory_limit=COMPOSE_MEMORY
-        )
+        result = run_function(CHILDREN, "validate", run.request, timeout=timeout)
         if not result.ok:
             problem = f"anemoi-training's schema could not validate this config: {result.reason}"
             fix = "`anemoi-training train` resolves the config first and would fail the same way"

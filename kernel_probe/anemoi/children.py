@@ -98,7 +98,10 @@ def compose(payload: Mapping[str, Any]) -> dict[str, Any]:
 
     request = ComposeRequest.from_json(payload)
     guard_search_paths(request.trusted)
-    with initialize_config_dir(version_base=None, config_dir=request.config_dir):
+    with (
+        _address_space(request.memory),
+        initialize_config_dir(version_base=None, config_dir=request.config_dir),
+    ):
         cfg = hydra_compose(
             config_name=request.config_name,
             overrides=list(request.overrides),
@@ -240,10 +243,17 @@ def _errors(cfg: Any) -> tuple[list[dict[str, str]], list[str], dict[str, str]]:
 
 
 def validate(payload: Mapping[str, Any]) -> dict[str, Any]:
-    """A ``SchemaRequest`` -> its ``SchemaReply`` (as JSON)."""
+    """A ``SchemaRequest`` -> its ``SchemaReply`` (as JSON), within its ``memory`` budget."""
+    request = SchemaRequest.from_json(payload)
+    import torch  # noqa: F401  # reason: mapped before the cap (see _address_space)
+
+    with _address_space(request.memory):
+        return _validate(request)
+
+
+def _validate(request: SchemaRequest) -> dict[str, Any]:
     from omegaconf import OmegaConf, open_dict  # reason: Hydra, in the child
 
-    request = SchemaRequest.from_json(payload)
     if request.model_file:
         cfg = _packaged()
         with open_dict(cfg):
@@ -267,26 +277,41 @@ def check(payload: Mapping[str, Any]) -> dict[str, Any]:
     request = ConfigCheckRequest.from_json(payload)
     schema: SchemaReply | None = None
     if request.schema is not None:
+        import torch  # noqa: F401  # reason: mapped before the cap (see _address_space)
+
         with _address_space(request.schema_memory):
-            schema = SchemaReply.from_json(validate(request.schema.to_json()))
+            schema = SchemaReply.from_json(_validate(request.schema))
     entries = check_entries([e.to_json() for e in request.entries])
     replies = tuple(EntryCheckReply.from_json(e) for e in entries)
     return ConfigCheckReply(schema=schema, entries=replies).to_json()
 
 
 @contextlib.contextmanager
-def _address_space(limit: int) -> Iterator[None]:
-    """This process's address space capped at ``limit`` bytes (0: not) while the block runs (the
-    soft limit only, so it can be lifted again)."""
-    if not limit:
+def _address_space(budget: int) -> Iterator[None]:
+    """While the block runs, this process may map at most ``budget`` bytes more than it has mapped
+    now (0: no cap): the one rule of the children's memory caps (docs/anemoi.md). A YAML alias
+    bomb or a runaway schema ends as a MemoryError here, not as the node's; torch is imported before
+    it, since a CUDA/ROCm build maps GBs of libraries (untouched) that no budget should count. The
+    soft limit only, so it is lifted again after the block."""
+    if not budget:
         yield
         return
     import resource  # reason: POSIX only, and only here
 
     soft, hard = resource.getrlimit(resource.RLIMIT_AS)
-    capped = limit if hard == resource.RLIM_INFINITY else min(limit, hard)
+    capped = _mapped() + budget
+    capped = capped if hard == resource.RLIM_INFINITY else min(capped, hard)
     resource.setrlimit(resource.RLIMIT_AS, (capped, hard))
     try:
         yield
     finally:
         resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+
+
+def _mapped() -> int:
+    """This process's address space now (VmSize, bytes); 0 where /proc is not (not Linux)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as fh:
+            return next(int(ln.split()[1]) << 10 for ln in fh if ln.startswith("VmSize:"))
+    except (OSError, StopIteration, ValueError):
+        return 0

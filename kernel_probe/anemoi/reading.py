@@ -40,7 +40,7 @@ from kernel_probe.isolation.child import run_function
 from kernel_probe.isolation.protocol import ComposeReply, ComposeRequest, ProtocolError
 
 COMPOSE_TIMEOUT = 60.0
-COMPOSE_MEMORY = 4 << 30  # a YAML alias bomb ends as a MemoryError in the child, not the node's
+COMPOSE_MEMORY = 4 << 30  # a child's budget beyond its imports (children._address_space)
 CHILDREN = "kernel_probe.anemoi.children"  # the children's module, never imported by them
 CONFIG_ROOTS = ("anemoi.models",)  # anemoi-models: AutocastLayerNorm is anemoi's own default
 SEARCH_ROOTS = ("hydra.conf", "anemoi.training")  # pkg:// paths Hydra may import for composing
@@ -151,10 +151,9 @@ def compose(
         config_name=config_name,
         overrides=tuple(overrides),
         trusted=trust.search_roots(),
+        memory=COMPOSE_MEMORY,
     )
-    result = run_function(
-        CHILDREN, "compose", request, timeout=timeout, memory_limit=COMPOSE_MEMORY
-    )
+    result = run_function(CHILDREN, "compose", request, timeout=timeout)
     if result.ok:
         try:
             return ComposeReply.from_json(result.value), "", ""

@@ -26,7 +26,7 @@ from kernel_lock.launch import kill_group, python_argv, pythonpath_roots, start
 
 # The child program: the standard library only before ``module`` (an import check asks about the
 # library's import alone). Its options (JSON): mode (call | serve), module, function, source (code
-# defining ``function``, instead of module), parent, reaper, memory, exit (hard | normal), payload,
+# defining ``function``, instead of module), parent, reaper, exit (hard | normal), payload,
 # result.
 BOOT = r"""
 import sys, json, os
@@ -54,9 +54,6 @@ def _die_with_parent(parent, reaper):
         while True:
             signal.pause()
 _die_with_parent(int(options["parent"]), options.get("reaper"))
-if options.get("memory"):
-    import resource
-    resource.setrlimit(resource.RLIMIT_AS, (int(options["memory"]), int(options["memory"])))
 import importlib
 if options["mode"] == "serve":
     getattr(importlib.import_module(options["module"]), options["function"])()
@@ -169,7 +166,6 @@ def spawn(
     python: str | None = None,
     local: Sequence[str] = (),
     reaper: bool = False,
-    memory_limit: int | None = None,
     stdin: Any = None,
     stdout: Any = None,
     stderr: Any = None,
@@ -180,7 +176,7 @@ def spawn(
     (mode, payload, result, source, exit) calls it once; ``local``: top-level modules found in the
     working directory. OSError when it cannot start."""
     options = {"mode": "serve", "module": module, "function": function, "parent": os.getpid()}
-    options |= {"reaper": reaper, "memory": int(memory_limit or 0) or None}
+    options["reaper"] = reaper
     env = dict(env) if env is not None else child_environment()
     code = [json.dumps({**options, **call})]
     argv = python_argv(BOOT, code, roots=pythonpath_roots(env), local=local, python=python)
@@ -212,15 +208,14 @@ def run_function(
     *,
     timeout: float,
     env: Mapping[str, str] | None = None,
-    memory_limit: int | None = None,
     python: str | None = None,
     source: str | None = None,
     teardown: bool = False,
     started: Callable[[subprocess.Popen[bytes]], None] | None = None,
 ) -> ChildResult:
     """``module.function(payload)`` (JSON in and out) in a child, within ``timeout`` seconds; never
-    raises for the child's sake. ``memory_limit`` (bytes) caps its address space (a YAML alias bomb
-    ends as a MemoryError); ``source``: code defining ``function``, run instead of ``module``;
+    raises for the child's sake (a MemoryError it raises is its answer); ``source``: code defining
+    ``function``, run instead of ``module``;
     ``teardown``: the child exits normally after answering (a crash at exit shows in
     ``returncode``); ``started`` receives its Popen as soon as it runs."""
     payload = payload.to_json() if hasattr(payload, "to_json") else payload
@@ -232,7 +227,7 @@ def run_function(
             call: dict[str, Any] = dict(mode="call", source=source)
             call["exit"] = "normal" if teardown else "hard"
             call |= dict(payload=str(d / "payload.json"), result=str(d / "result.json"))
-            call |= dict(env=env, python=python, memory_limit=memory_limit)
+            call |= dict(env=env, python=python)
             try:
                 proc = spawn(
                     module, function, stdin=subprocess.DEVNULL, stdout=out, stderr=err, **call

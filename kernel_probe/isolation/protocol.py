@@ -423,6 +423,7 @@ class ComposeRequest(Message):
     config_name: str
     overrides: tuple[str, ...] = ()
     trusted: tuple[str, ...] = ()  # what a pkg:// search path may name (else refused, unimported)
+    memory: int = 0  # bytes Hydra may map beyond what the child has (children._address_space)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -443,6 +444,7 @@ class SchemaRequest(Message):
     tree: Any
     model_file: bool = False  # tree is a model node, validated inside the packaged config
     preset: str = ""  # also validate anemoi-training's packaged model preset of that name
+    memory: int = 0  # bytes it may map beyond torch and the rest (children._address_space)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -479,7 +481,7 @@ class ConfigCheckRequest(Message):
     """One reading of a config checked in one child (``anemoi.config_child``): schema, entries."""
 
     schema: SchemaRequest | None = None
-    schema_memory: int = 0  # the address space's cap while the schema runs (bytes)
+    schema_memory: int = 0  # the schema's budget in this child (children._address_space)
     entries: tuple[EntryCheckRequest, ...] = ()
 
 

@@ -44,12 +44,8 @@ class Child:
         self.result = result
         self.requests: list[ComposeRequest] = []
 
-    def __call__(self, module, function, payload, *, timeout, memory_limit):
-        assert (module, function, memory_limit) == (
-            "kernel_probe.anemoi.children",
-            "compose",
-            reading.COMPOSE_MEMORY,
-        )
+    def __call__(self, module, function, payload, *, timeout):
+        assert (module, function) == ("kernel_probe.anemoi.children", "compose")
         if self.result is None:
             raise AssertionError("no child should have been started")
         self.requests.append(payload)
@@ -175,6 +171,7 @@ def test_compose(child, tmp_path, result, want):
         config_name="mine",
         overrides=("model=gnn",),
         trusted=(*SEARCH_ROOTS, "kp_zoo"),
+        memory=reading.COMPOSE_MEMORY,
     )
 
 
