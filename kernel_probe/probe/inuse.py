@@ -188,4 +188,7 @@ def _run(
     """One later case with a forward and backward, into ``row`` (its flags too)."""
     case = onetensor.Case(name, [p.x])
     errs, stats, _ = run_case(bench, setup, case, (p,), candidate, row["flags"])
+    if name in lifecycle.VIEWS:  # a strided row reduced in another order: its mean shifts by a
+        # rounding shared by the row, which the bias's independent-noise model does not cover
+        stats = {t: {k: v for k, v in s.items() if k != "bias"} for t, s in stats.items()}  # type: ignore[misc]
     row["cases"][name], row["stats"][name] = errs, stats

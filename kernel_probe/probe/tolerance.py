@@ -99,6 +99,8 @@ def limits(dtype: str, base_max: float, stats: ErrorStats | None = None) -> Limi
     noise = math.sqrt(
         stats["sd"][0] ** 2 + stats["sd"][1] ** 2 + (eps * stats["ref_rms"]) ** 2 / 12.0
     )
+    if "bias" not in stats:  # not judged (a view's case, inuse.py)
+        return Limits(tol_max, rms)
     bias = FACTOR * stats["bias"][1] + K_SIGMA * noise / math.sqrt(max(int(stats["n"]), 1))
     return Limits(tol_max, rms, bias)
 
@@ -136,10 +138,9 @@ def judge_output(
         lim = dataclasses.replace(lim, max=max_tolerance)
     judged = [("max", errors[0], errors[1], lim.max)]
     if stats is not None:
-        judged += [
-            ("rms", stats["rms"][0], stats["rms"][1], lim.rms),
-            ("bias", stats["bias"][0], stats["bias"][1], lim.bias),
-        ]
+        judged += [("rms", stats["rms"][0], stats["rms"][1], lim.rms)]
+        if "bias" in stats:
+            judged += [("bias", stats["bias"][0], stats["bias"][1], lim.bias)]
     worst, over = 0.0, []
     for statistic, got, base, tol in judged:
         r = got / tol if tol > 0 and math.isfinite(got) else math.inf

@@ -36,13 +36,15 @@ def test_probe_writes_a_valid_lock(probed):
     chosen = {s: lock.slots[s].implementation for s in lock.slots}
     # on a CPU torch.sdpa dispatches to the same kernel as torch.sdpa.flash (or math): which one is
     # chosen is the timing's to say. Any other choice than the default must name its win, a win
-    # that held against the default timed a second time (its rows say "rematch").
+    # the paired rounds' interval decided (its rows say "decided", the default's "default").
     attention = lock.slots["Attention"]
     if chosen["Attention"] != "torch.sdpa":
         assert chosen["Attention"] in {"torch.sdpa.math", "torch.sdpa.flash"}
         assert "faster than torch.sdpa" in attention.reason, attention.reason
         default_rows = [r for r in attention.timing if r["implementation"] == "torch.sdpa"]
-        assert default_rows and all(r["timed"] == "rematch" for r in default_rows)
+        assert default_rows and all(r["timed"] == "default" for r in default_rows)
+        won = [r for r in attention.timing if r["implementation"] == chosen["Attention"]]
+        assert won and all(r["timed"] == "decided" for r in won), won
     assert {**chosen, "Attention": "torch.sdpa"} == {
         "LayerNorm": "torch.layer_norm",
         "RMSNorm": "torch.rms_norm",
@@ -404,7 +406,9 @@ def test_probe_table_keeps_ids_whole_and_says_why(logged_probe):
 def test_probe_in_a_log_reports_progress_per_candidate_shape_and_rep(logged_probe):
     _, (_, _, err) = logged_probe
     assert "checking LayerNorm: torch.layer_norm (1/" in err
-    assert "timing LayerNorm: torch.layer_norm at 96x64 (shape 1/1): rep 3/3" in err
+    # the paired rounds: a block of calls per candidate and round, each reported as it ends
+    for who in ("torch.layer_norm", "custom:kp_zoo.norms.GoodLayerNorm"):
+        assert f"timing LayerNorm: {who} at 96x64 (shape 1/1): rep 1/1, " in err, err
 
 
 def test_explain_and_show_at_80_columns(logged_probe, monkeypatch):
