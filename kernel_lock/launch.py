@@ -100,30 +100,15 @@ def python_argv(
 
 
 def start(
-    argv: Sequence[str],
-    *,
-    cwd: str | os.PathLike[str] | None = None,
-    env: Mapping[str, str] | None = None,
-    stdin: Any = None,
-    stdout: Any = None,
-    stderr: Any = None,
-    bufsize: int = -1,
+    argv: Sequence[str], *, env: Mapping[str, str] | None = None, **popen: Any
 ) -> subprocess.Popen[bytes]:
-    """Start ``argv`` in a session of its own, in ``cwd`` (default: ours), with ``env`` (torch's
-    device-backend autoload off: no entry point runs before the child's own code); OSError when it
-    cannot start."""
+    """Start ``argv`` in a session of its own with ``env`` (torch's device-backend autoload off:
+    no entry point runs before the child's own code) and ``popen`` (``cwd``, ``stdin``, ...);
+    OSError when it cannot start."""
     import subprocess  # only where a child is started: kernel_lock stays import-light
 
-    return subprocess.Popen(
-        list(argv),
-        stdin=stdin,
-        stdout=stdout,
-        stderr=stderr,
-        bufsize=bufsize,
-        cwd=cwd,
-        env={**(os.environ if env is None else env), "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"},
-        start_new_session=True,
-    )
+    env = {**(os.environ if env is None else env), "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"}
+    return subprocess.Popen(list(argv), env=env, start_new_session=True, **popen)
 
 
 def kill_group(pid: int, sig: int | None = None) -> None:
