@@ -1,8 +1,6 @@
-"""The one way to start a Python child, and the child that confirms what only an import
-can judge. Children run ``python -I`` (no user site, no ``PYTHON*``, never the working directory
-on ``sys.path``: a module named from it is reached by a finder exposing only that module),
-``sys.path`` set before any import, device-backend autoload off, in their own session
-(:func:`kill_group`)."""
+"""The one way to start a Python child, and the child that confirms what only an import can
+judge. Children run ``python -I`` (the working directory reached only through a finder exposing
+the modules named), ``sys.path`` set first, device-backend autoload off, in their own session."""
 
 from __future__ import annotations
 
@@ -133,11 +131,10 @@ def run(
     stdout: Any = None,
     stderr: Any = None,
 ) -> subprocess.CompletedProcess[str]:
-    """:func:`start` ``argv`` with ``input`` on its stdin and wait for it, ``timeout`` seconds at
-    most. Its stdout and stderr come back as text unless sent elsewhere (a file,
-    ``subprocess.DEVNULL``), through files: a process it forked cannot keep us waiting. Its session
-    is killed once it ends, at its time limit (SIGTERM first, ``grace`` seconds before the kill;
-    then subprocess.TimeoutExpired) or at once when we are interrupted. OSError: it cannot start."""
+    """:func:`start` ``argv`` with ``input`` on its stdin and wait ``timeout`` seconds at most; its
+    output comes back as text through files (a forked process cannot keep us waiting) unless sent
+    elsewhere. Its session is killed when it ends, at its time limit (SIGTERM ``grace`` seconds
+    first; then subprocess.TimeoutExpired) or when we are interrupted."""
     import contextlib
     import signal
     import subprocess

@@ -257,11 +257,9 @@ def portable(
     compare: bool = True,
     report: list[Replacement] | None = None,
 ) -> Any:
-    """A copy of ``module`` that unpickles without the training library and kernel_lock: what
-    ``kernel_lock.apply`` changed undone (its originals back, its routing removed), and each other
-    lock class replaced by its slot's verified twin (``compare``: checked here); ``lock``: the
-    model's lock (``apply``'s by default). Raises :class:`KernelUnavailable` or
-    :class:`NotPortable`."""
+    """A copy of ``module`` that unpickles without the training library and kernel_lock: ``apply``
+    undone, each other lock class replaced by its slot's verified twin (``compare``: checked here)
+    of ``lock`` (default: ``apply``'s). Raises KernelUnavailable or :class:`NotPortable`."""
     record = getattr(module, RECORD, None)
     lock = lock if lock is not None else getattr(record, "lock", None)
     memo = {id(record.lock): record.lock} if record is not None else {}
