@@ -1,7 +1,6 @@
-"""anemoi-models' ``layer_kernels``: the lock as a config block (:func:`layer_kernels`).
-The block pins kwargs, never dimensions (anemoi passes them: ``CALLS``), and names an adapter
-where a constructor does not fit. RMSNorm has no anemoi key: under LayerNorm it would change the
-model's maths. Imports neither torch nor yaml."""
+"""anemoi-models' ``layer_kernels``: the lock as a config block (:func:`layer_kernels`), kwargs
+but no dimensions (anemoi passes them: ``CALLS``), an adapter where a constructor does not fit.
+Imports neither torch nor yaml."""
 
 from __future__ import annotations
 
@@ -415,9 +414,8 @@ def layer_kernels(
     qk_norm: bool = False,
     verify_environment: bool = True,
 ) -> dict[str, dict[str, Any]]:
-    """The ``layer_kernels`` block for the slots ``lock`` pins, as anemoi-models reads
-    it: each slot's class in ``mode`` (an adapter where anemoi's call does not fit), with the pinned
-    kwargs, no dimension; ``qk_norm`` also fills QueryNorm/KeyNorm. Raises what ``factory`` does."""
+    """The ``layer_kernels`` block of the slots ``lock`` pins, in ``mode`` (see :func:`export`);
+    ``qk_norm`` also fills QueryNorm/KeyNorm. Raises what ``factory`` does."""
     return {
         e.key: e.entry
         for e in export(lock, mode, qk_norm=qk_norm, verify_environment=verify_environment)

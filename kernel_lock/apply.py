@@ -1,13 +1,9 @@
 """A lock applied to a model that already exists (:func:`apply`), and undone (:func:`undo`).
 
-Every call site the lock covers is swapped: a module of a slot's torch class (``nn.LayerNorm``,
-``nn.Linear``, an activation, an Attention-slot module) is replaced in place by the lock's class,
-built from the module's own sizes and options, its parameters and buffers the same tensors (the
-state-dict keys must be the module's own); a functional call the lock's ``[model]`` table records
-(``F.scaled_dot_product_attention`` in ``blocks.0``'s forward) is routed to the lock's class
-(:mod:`kernel_lock.routing`). A site whose semantics differ from those the lock checked, whose slot
-the lock does not pin, or that no slot can swap is left exactly as written, and the report
-(:class:`Applied`) names it with the reason. Torch is imported only inside the functions."""
+Each covered module is replaced in place by the lock's class (same sizes, options and tensors);
+each functional call of the lock's ``[model]`` table is routed to it (:mod:`kernel_lock.routing`).
+Any other site is left as written, and the report (:class:`Applied`) says why. Torch is imported
+only inside the functions."""
 
 from __future__ import annotations
 
@@ -125,9 +121,8 @@ class _Applier:
         }
 
     def checked(self, spec: SlotSpec, calls: Calls, where: str, semantics: Mapping) -> str | None:
-        """Why a module's semantics are not those the lock checked (None: they are): the trace's
-        site, and what the slot's table states (its kwargs, its declaration); without a trace,
-        the table with the slot's canonical values where it is silent."""
+        """Why a module's semantics are not those the lock checked (the trace's site and the slot's
+        table; without a trace, the table over the slot's canonical values), or None."""
         stated = self.stated(spec)
         options = {k: v for k, v in semantics.items() if k not in calls.sizes}
         if self.traced is None:
@@ -145,27 +140,25 @@ class _Applier:
 
     def module(self, where: str, module: Any, spec: SlotSpec, calls: Calls) -> None:
         """Judge one module site, and build its replacement where it is covered."""
-        call = public_name(type(module))
+        site = (where, spec.name, "module", public_name(type(module)))
         semantics = calls.module(module)
         if isinstance(semantics, str):
-            return self.left(where, spec.name, "module", call, semantics)
+            return self.left(*site, semantics)
         if spec.name not in self.lock.slots:
-            return self.left(where, spec.name, "module", call, "the lock does not pin this slot")
+            return self.left(*site, "the lock does not pin this slot")
         factory = self.factory(spec.name)  # a slot the model uses, unusable here: the lock's error
         why = self.checked(spec, calls, where, semantics)
         if why is not None:
-            return self.left(where, spec.name, "module", call, why)
+            return self.left(*site, why)
         if where == "":
-            return self.left(
-                where, spec.name, "module", call, "the model itself: apply to a parent"
-            )
+            return self.left(*site, "the model itself: apply to a parent")
         if type(module) is factory.func:
-            return self.left(where, spec.name, "module", call, f"already {factory.target}")
+            return self.left(*site, f"already {factory.target}")
         new = _build(module, spec, calls, factory, self.lock.slots[spec.name].kwargs)
         if isinstance(new, str):
-            return self.left(where, spec.name, "module", call, new)
+            return self.left(*site, new)
         self.replaced[id(module)] = (where, module, new)
-        self.sites.append(AppliedSite(where, spec.name, "module", call, factory.target))
+        self.sites.append(AppliedSite(*site, factory.target))
 
     def function(self, site: Site, routes: dict[str, dict[str, list[Route]]]) -> None:
         """Judge one functional site of the lock's trace, and plan its route where covered."""
@@ -198,11 +191,13 @@ class _Applier:
         self.sites.append(AppliedSite(*left, factory.target, note))
 
 
-def _stated(options: Mapping[str, Any], stated: Mapping[str, tuple[Any, ...]]) -> str | None:
-    """Where the slot's table states a value the site does not have (None: it has them all)."""
-    return _differences(
-        {k: v for k, v in options.items() if k in stated}, stated, "the lock's slot"
-    )
+def _stated(
+    options: Mapping[str, Any],
+    stated: Mapping[str, tuple[Any, ...]],
+    whose: str = "the lock's slot",
+) -> str | None:
+    """Where ``stated`` (the slot's table) has a value ``options`` do not (None: they have all)."""
+    return _differences({k: v for k, v in options.items() if k in stated}, stated, whose)
 
 
 def _differences(mine: Mapping[str, Any], want: Mapping[str, tuple[Any, ...]], whose: str) -> Any:
@@ -233,13 +228,15 @@ def _accepted(cls: type) -> set[str] | None:
         return None
 
 
-def _computes(spec: SlotSpec, factory: Any, kwargs: Mapping[str, Any], semantics: Mapping) -> Any:
-    """Why the built class computes something else than ``semantics`` (None: it does not)."""
+def _unchecked(
+    spec: SlotSpec, factory: Any, own: Mapping[str, Any], pinned: Mapping, semantics: Mapping
+) -> Any:
+    """Why the class built with the site's ``own`` options is not what the lock checked: one
+    overrides an option the slot pins, or it computes other than ``semantics`` (None: neither)."""
+    kwargs = {**factory.keywords, **own}
     found = spec.computes(factory.target, kwargs, factory.func) if spec.computes else None
-    return _differences(
-        {k: v for k, v in (found or {}).items() if k in semantics},
-        {k: (v,) for k, v in semantics.items()},
-        "the site",
+    return _stated(own, {k: (v,) for k, v in pinned.items()}) or _stated(
+        found or {}, {k: (v,) for k, v in semantics.items()}, "the site"
     )
 
 
@@ -252,14 +249,13 @@ def _build(
     how = calls.module_args or spec.twin_args
     accepted = _accepted(factory.func) or set(factory.keywords)
     args, own = how(module, state, accepted) if how is not None else ((), {})
-    kwargs = {**factory.keywords, **own}
     semantics = calls.module(module)
     assert not isinstance(semantics, str)
-    why = _overridden(own, pinned) or _computes(spec, factory, kwargs, semantics)
+    why = _unchecked(spec, factory, own, pinned, semantics)
     if why is not None:
         return why
     try:
-        new = factory.func(*args, **kwargs)
+        new = factory.func(*args, **{**factory.keywords, **own})
     except Exception as exc:  # the class refuses the module's own sizes or options
         return f"{factory.target} cannot be built with them ({type(exc).__name__}: {exc})"
     mine, theirs = set(state), set(new.state_dict())
@@ -280,14 +276,6 @@ def _build(
     return new
 
 
-def _overridden(own: Mapping[str, Any], pinned: Mapping[str, Any]) -> str | None:
-    """Where the site's own option is not the one the lock's slot pins (and so checked)."""
-    return _differences(
-        {k: v for k, v in own.items() if k in pinned}, {k: (v,) for k, v in pinned.items()},
-        "the lock's slot",
-    )  # fmt: skip
-
-
 def _build_for_call(
     spec: SlotSpec, functional: Any, factory: Any, semantics: Mapping, pinned: Mapping[str, Any]
 ) -> Any:
@@ -297,14 +285,13 @@ def _build_for_call(
     refused = sorted(k for k in own if accepted is not None and k not in accepted)
     if refused:
         return f"{factory.target} takes no {', '.join(refused)}"
-    kwargs = {**factory.keywords, **own}
-    why = _overridden(own, pinned) or _computes(spec, factory, kwargs, semantics)
+    why = _unchecked(spec, factory, own, pinned, semantics)
     if why is not None:
         return why
     if factory.target == spec.default_target and set(factory.keywords) <= set(own):
         return f"the lock pins {factory.target}, what the call runs already"
     try:
-        module = factory.func(*args, **kwargs)
+        module = factory.func(*args, **{**factory.keywords, **own})
     except Exception as exc:
         return f"{factory.target} cannot be built for it ({type(exc).__name__}: {exc})"
     holds = {name for name, _ in module.named_parameters()}

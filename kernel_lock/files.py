@@ -1,16 +1,12 @@
 """The one safe reader of input files and the one safe writer of every file kernel-probe creates.
 
-:func:`read_regular` refuses a FIFO, device, socket or directory before reading (non-blocking
-open, ``fstat``), and reads at most a cap. :func:`write_file` writes a temporary file
-(``O_CREAT | O_EXCL | O_NOFOLLOW``) in the target's directory, fsyncs and renames it; a link at
-the target is refused unless ``through_link`` (a path the user named); a path that names (links
-followed, as ``/dev/stdout`` names a pipe) anything but a regular file is :class:`SpecialFile`
-(exit 2); an OS error while writing is :class:`WriteFailed` (the old file is kept). Directories
-are checked as OpenSSH's ``StrictModes``: owned by the user or root, not world-writable unless
-sticky and root-owned, no world-writable non-sticky directory above; group-writable is accepted."""
+Reading refuses anything but a regular file and reads at most a cap; writing is atomic (a new
+temporary file beside the target, fsynced, renamed), never through a link it did not create, into
+directories checked as OpenSSH's ``StrictModes`` (group-writable is accepted)."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import stat
@@ -64,8 +60,6 @@ def read_regular(path: str | os.PathLike[str], limit: int) -> bytes:
     """The bytes of the regular file at ``path`` (at most ``limit``); UnsafeFile otherwise."""
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0))
-    except FileNotFoundError:
-        raise
     except IsADirectoryError:
         raise UnsafeFile("is a directory, not a file") from None
     try:
@@ -298,12 +292,6 @@ def write_file(
             "not replaced",
             f"remove {target} (a link planted there could make the write land anywhere)",
         )
-    if st is not None and not stat.S_ISREG(st.st_mode):
-        raise _refuse(
-            target,
-            f"is {kind(st.st_mode)}, not a regular file: not replaced",
-            "write to a regular file path",
-        )
     raw = data.encode("utf-8") if isinstance(data, str) else data
     if exclusive:
         try:
@@ -349,10 +337,8 @@ def _write_all(fd: int, raw: bytes, mode: int | None, written: Path, target: Pat
 
 
 def _remove(path: Path) -> None:
-    try:
+    with contextlib.suppress(OSError):
         os.unlink(path)
-    except OSError:
-        pass
 
 
 def _temporary(directory: Path, target: Path) -> tuple[Path, int]:

@@ -342,15 +342,12 @@ def _binding(node: ast.stmt, imported: bool) -> tuple[str, ast.expr] | None:
     if isinstance(node, ast.Assign) and len(node.targets) == 1:
         target = node.targets[0]
         return (target.id, node.value) if isinstance(target, ast.Name) else None
-    annotation = getattr(node, "annotation", None)
     if (
         isinstance(node, ast.AnnAssign)
         and isinstance(node.target, ast.Name)
         and node.simple
         and node.value is not None
-        and isinstance(annotation, ast.Subscript)
-        and isinstance(annotation.value, ast.Name)
-        and ast.unparse(annotation) == _ANNOTATION
+        and ast.unparse(node.annotation) == _ANNOTATION  # the structure, spelled exactly
         and imported
     ):
         return node.target.id, node.value

@@ -3,6 +3,7 @@ names, the visible devices, NVIDIA's devices through NVML. An uncertain reading 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 import re
@@ -37,11 +38,9 @@ def archspec_host() -> Any | None:
     """archspec's ``Microarchitecture`` for this CPU, or None when archspec fails."""
     try:
         import archspec.cpu
-    except ImportError:
-        return None
-    try:
+
         return archspec.cpu.host()
-    except Exception:  # archspec raises on CPUs it has no entry for; that is a fact, not an error
+    except Exception:  # not installed, or no entry for this CPU: a fact, not an error
         return None
 
 
@@ -107,7 +106,7 @@ def cpu_vendor() -> str:
     host = archspec_host()
     vendor = "" if host is None else str(host.vendor).lower()
     if vendor and vendor != "generic":
-        return {"authenticamd": "amd", "genuineintel": "intel"}.get(vendor, vendor)
+        return _CPU_VENDORS.get(vendor, vendor)
     keys = ("vendor_id", "cpu implementer")
     raw = _cpuinfo(lambda line: line.split(":", 1)[0].strip().lower() in keys)
     if raw is not None:
@@ -280,11 +279,9 @@ def _nvml(body: Callable[[Any, list[Any], list[int], list[str]], T]) -> T | None
     of the CUDA-visible devices, in CUDA order); None when NVML or the body fails."""
     try:
         import pynvml
-    except Exception:  # not installed, or a broken/deprecated shim
-        return None
-    try:
+
         pynvml.nvmlInit()
-    except Exception:  # no driver library (NVMLError_LibraryNotFound), no permission, ...
+    except Exception:  # not installed, a broken shim, no driver library, no permission, ...
         return None
     try:
         count = int(pynvml.nvmlDeviceGetCount())
@@ -295,10 +292,8 @@ def _nvml(body: Callable[[Any, list[Any], list[int], list[str]], T]) -> T | None
     except Exception:
         return None
     finally:
-        try:
+        with contextlib.suppress(Exception):
             pynvml.nvmlShutdown()
-        except Exception:
-            pass
 
 
 def nvml_devices() -> list[dict[str, Any]] | None:

@@ -1,8 +1,6 @@
-"""The one way to start a Python child, and the child that confirms what only an import
-can judge. Children run ``python -I`` (no user site, no ``PYTHON*``, never the working directory
-on ``sys.path``: a module named from it is reached by a finder exposing only that module),
-``sys.path`` set before any import, device-backend autoload off, in their own session
-(:func:`kill_group`)."""
+"""The one way to start a Python child, and the child that confirms what only an import can
+judge. Children run ``python -I`` (the working directory reached only through a finder exposing
+the modules named), ``sys.path`` set first, device-backend autoload off, in their own session."""
 
 from __future__ import annotations
 
@@ -100,30 +98,15 @@ def python_argv(
 
 
 def start(
-    argv: Sequence[str],
-    *,
-    cwd: str | os.PathLike[str] | None = None,
-    env: Mapping[str, str] | None = None,
-    stdin: Any = None,
-    stdout: Any = None,
-    stderr: Any = None,
-    bufsize: int = -1,
+    argv: Sequence[str], *, env: Mapping[str, str] | None = None, **popen: Any
 ) -> subprocess.Popen[bytes]:
-    """Start ``argv`` in a session of its own, in ``cwd`` (default: ours), with ``env`` (torch's
-    device-backend autoload off: no entry point runs before the child's own code); OSError when it
-    cannot start."""
+    """Start ``argv`` in a session of its own with ``env`` (torch's device-backend autoload off:
+    no entry point runs before the child's own code) and ``popen`` (``cwd``, ``stdin``, ...);
+    OSError when it cannot start."""
     import subprocess  # only where a child is started: kernel_lock stays import-light
 
-    return subprocess.Popen(
-        list(argv),
-        stdin=stdin,
-        stdout=stdout,
-        stderr=stderr,
-        bufsize=bufsize,
-        cwd=cwd,
-        env={**(os.environ if env is None else env), "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"},
-        start_new_session=True,
-    )
+    env = {**(os.environ if env is None else env), "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"}
+    return subprocess.Popen(list(argv), env=env, start_new_session=True, **popen)
 
 
 def kill_group(pid: int, sig: int | None = None) -> None:
@@ -148,11 +131,10 @@ def run(
     stdout: Any = None,
     stderr: Any = None,
 ) -> subprocess.CompletedProcess[str]:
-    """:func:`start` ``argv`` with ``input`` on its stdin and wait for it, ``timeout`` seconds at
-    most. Its stdout and stderr come back as text unless sent elsewhere (a file,
-    ``subprocess.DEVNULL``), through files: a process it forked cannot keep us waiting. Its session
-    is killed once it ends, at its time limit (SIGTERM first, ``grace`` seconds before the kill;
-    then subprocess.TimeoutExpired) or at once when we are interrupted. OSError: it cannot start."""
+    """:func:`start` ``argv`` with ``input`` on its stdin and wait ``timeout`` seconds at most; its
+    output comes back as text through files (a forked process cannot keep us waiting) unless sent
+    elsewhere. Its session is killed when it ends, at its time limit (SIGTERM ``grace`` seconds
+    first; then subprocess.TimeoutExpired) or when we are interrupted."""
     import contextlib
     import signal
     import subprocess

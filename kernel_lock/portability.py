@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import copy
 import functools
-import inspect
 import io
 import logging
 import pickle
@@ -16,10 +15,11 @@ from pathlib import Path
 from typing import Any
 
 from .anemoi import locate, wrapper_of
-from .apply import RECORD, undo
+from .apply import RECORD, _accepted, _qualified, undo
 from .checkpoint import migrate_module_state, migration_rules
 from .errors import ExitCode, KernelUnavailable, LockError, LockFormatError
 from .lock import KernelLock
+from .registry import ADAPTERS
 from .resolve import twin_refusal
 from .schema import Slot
 from .slots import SPECS
@@ -36,8 +36,6 @@ __all__ = [
 ]
 
 log = logging.getLogger("kernel_lock")
-
-_ADAPTERS = "kernel_lock.adapters"
 
 
 class NotPortable(LockError):
@@ -58,19 +56,13 @@ class Replacement:
     note: str = ""
 
 
-def _qualified(cls: type) -> str:
-    return f"{cls.__module__}.{cls.__qualname__}"
-
-
 def _build_twin(module: Any, slot: Slot, twin_cls: type) -> Any:
     """The twin of ``module``: its sizes and eps, the lock's twin kwargs, the migrated state."""
     assert slot.twin is not None
     state = migrate_module_state(module.state_dict(), migration_rules(slot))
     kwargs = dict(slot.twin.kwargs)
-    try:
-        accepted = set(inspect.signature(twin_cls).parameters)
-    except (TypeError, ValueError):
-        accepted = set(kwargs)
+    accepted = _accepted(twin_cls)
+    accepted = set(kwargs) if accepted is None else accepted
     how = SPECS[slot.name].twin_args  # its size, eps, parameters (none: the twin's own kwargs)
     args, own = how(module, state, accepted) if how is not None else ((), {})
     twin = twin_cls(*args, **{**kwargs, **own})
@@ -140,7 +132,7 @@ class _Converter:
 
     def slot_of(self, cls: type) -> Slot | None:
         """The slot whose pinned class ``cls`` is (or adapts)."""
-        adapts = cls.__module__ == _ADAPTERS
+        adapts = cls.__module__ == ADAPTERS
         return next(
             (s for s, pin in self.slots if cls is pin or adapts and issubclass(cls, pin)), None
         )
@@ -160,7 +152,7 @@ class _Converter:
         assert slot.twin is not None
         key = f"slots.{slot.name}.twin.target"
         twin = import_target(slot.twin.target, self.lock.granted, where=self.lock.path, key=key)
-        wrapper = wrapper_of(_qualified(cls)) if cls.__module__ == _ADAPTERS else None
+        wrapper = wrapper_of(_qualified(cls)) if cls.__module__ == ADAPTERS else None
         if wrapper is None:
             return twin
         if wrapper.runs != slot.twin.target:
@@ -213,12 +205,11 @@ class _Converter:
         """Replace the lock classes and partials stored in the tree's modules' attributes."""
         for _, module in root.named_modules():
             for name, value in list(vars(module).items()):
-                skip = name in ("_modules", "_parameters", "_buffers")
-                new = (
-                    value
-                    if skip or name.startswith(("_forward", "_backward"))
-                    else self.value(value, 0)
-                )
+                if name in ("_modules", "_parameters", "_buffers") or name.startswith(
+                    ("_forward", "_backward")
+                ):
+                    continue
+                new = self.value(value, 0)
                 if new is not value:
                     object.__setattr__(module, name, new)
 
@@ -266,11 +257,9 @@ def portable(
     compare: bool = True,
     report: list[Replacement] | None = None,
 ) -> Any:
-    """A copy of ``module`` that unpickles without the training library and kernel_lock: what
-    ``kernel_lock.apply`` changed undone (its originals back, its routing removed), and each other
-    lock class replaced by its slot's verified twin (``compare``: checked here); ``lock``: the
-    model's lock (``apply``'s by default). Raises :class:`KernelUnavailable` or
-    :class:`NotPortable`."""
+    """A copy of ``module`` that unpickles without the training library and kernel_lock: ``apply``
+    undone, each other lock class replaced by its slot's verified twin (``compare``: checked here)
+    of ``lock`` (default: ``apply``'s). Raises KernelUnavailable or :class:`NotPortable`."""
     record = getattr(module, RECORD, None)
     lock = lock if lock is not None else getattr(record, "lock", None)
     memo = {id(record.lock): record.lock} if record is not None else {}

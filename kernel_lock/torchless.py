@@ -224,11 +224,8 @@ def _nvidia(
 
 def gfx_name(target_version: int) -> str:
     """KFD's ``gfx_target_version`` as an LLVM target: 90010 -> gfx90a, 90402 -> gfx942."""
-    major, minor, stepping = (
-        target_version // 10000,
-        target_version // 100 % 100,
-        target_version % 100,
-    )
+    major, rest = divmod(target_version, 10000)
+    minor, stepping = divmod(rest, 100)
     if major <= 0 or minor > 9 or stepping > 15:
         raise ValueError(
             f"gfx_target_version {target_version} is not major*10000 + minor*100 + stepping"

@@ -25,6 +25,7 @@ from .registry import OWN_ROOTS, allowed_roots, declared_semantics, generic_kern
 from .slots import (
     SPECS,
     TORCH_FACTS_SINCE,
+    _under,
     canonical_target,
     class_semantics,
     computation_fix,
@@ -65,10 +66,6 @@ def private(dotted: str) -> bool:
 def module_name(name: str) -> bool:
     """Whether ``name`` is a public module name a lock or a caller may trust."""
     return bool(MODULE.fullmatch(name)) and not private(name)
-
-
-def _under(name: str, root: str) -> bool:
-    return name == root or name.startswith(root + ".")
 
 
 def granted_trust(trust: Iterable[str] = ()) -> tuple[str, ...]:
@@ -113,12 +110,12 @@ def check_target(
     if inner is not None:
         where = f"{what} (inside {target})"
         check_target(inner, trusted, path=path, key=key, requested=requested, what=where)
-    if any(_under(target, root) for root in (*OWN_ROOTS, *trusted)):
+    if _under(target, (*OWN_ROOTS, *trusted)):
         return  # torch's own classes need no registry read (a few ms at every import of a lock)
     allowed = allowed_roots()
-    if any(_under(target, root) for root in allowed):
+    if _under(target, allowed):
         return
-    asked = next((m for m in requested if _under(target, m)), None)
+    asked = next((m for m in requested if _under(target, (m,))), None)
     if asked is not None:
         raise TargetNotAllowed(
             f"{what} {target!r} is in {asked!r}, which the lock asks to trust (trusted-modules) "
@@ -379,10 +376,8 @@ def flash_generation_problems(slot: Any) -> list[Difference]:
 def unusable(
     slot: Any, current: Mapping[str, Any], mode: str = "inference", lock_mode: str = "training"
 ) -> list[Difference]:
-    """The one usability rule of a slot, shared by ``verify``, the warm check and ``factory``:
-    why ``slot``'s pinned implementation cannot run on ``current`` in ``mode`` (training never
-    runs on an inference lock; a requirement not met; a device type not among ``slot.devices``).
-    Metadata only: nothing is imported."""
+    """The one usability rule of a slot (``verify``, the warm check, ``factory``): why ``slot``
+    cannot run on ``current`` in ``mode`` (mode, requirements, devices); nothing is imported."""
     problems = []
     if mode == "training" and lock_mode == "inference":
         why = "training asked for (training never runs on the substitutions of a derived lock)"
