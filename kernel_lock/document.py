@@ -4,12 +4,11 @@
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
-from typing import Any, TypeVar, cast
+from typing import Any, TypeVar
 
 from . import toml as _toml
 from .errors import LockFormatError, LockVersionError
@@ -19,7 +18,6 @@ from .graph_attention import GraphAttention
 from .model import TABLE as MODEL
 from .model import Model
 from .schema import (
-    DIGEST,
     LOCK_VERSION,
     VERSION,
     Context,
@@ -28,11 +26,24 @@ from .schema import (
     read_slot,
     record_table,
     required,
+    sha256,
     table,
 )
 from .slots import MODES, PRECISIONS, SPECS, slot_name_fix, spec_of
 from .slots.base import Mode
-from .tables import EMPTY, NONE, Raw, ReadError, from_dict, get, get_strings, one_of, text, to_dict
+from .tables import (
+    EMPTY,
+    NONE,
+    Raw,
+    ReadError,
+    canonical,
+    from_dict,
+    get,
+    get_strings,
+    one_of,
+    text,
+    to_dict,
+)
 from .tables import toml_key as key
 from .trust import granted_trust, module_name
 
@@ -51,13 +62,6 @@ def _trusted(ctx: Context, d: Raw, k: str, _: Raw) -> tuple[str, ...]:
             raise ReadError(f"{module!r} is not a module name", f"{k}[{i}]")
     ctx.requested = trusted  # a request only: the caller grants trust
     return trusted
-
-
-def _digest(ctx: Context, d: Raw, k: str, _: Raw) -> str:
-    digest = get(d, k, str, default="")
-    if digest and not DIGEST.fullmatch(digest):
-        raise ReadError(f"{digest!r} is not 'sha256:<64 hex digits>'", k)
-    return cast(str, digest)
 
 
 def _environment(ctx: Context, d: Raw, k: str, so_far: Any) -> Environment:
@@ -94,7 +98,7 @@ class LockDocument:
         default="", metadata=key("precision", one_of(("", *PRECISIONS), default=""), omit=EMPTY)
     )
     trusted_modules: tuple[str, ...] = field(default=(), metadata=key("trusted-modules", _trusted))
-    digest: str = field(default="", metadata=key(SEAL, _digest))
+    digest: str = field(default="", metadata=key(SEAL, sha256()))
     profile: Raw = field(default_factory=dict, metadata=key("profile", record_table, omit=EMPTY))
     environment: Environment = field(metadata=key("environment", _environment))
     slots: Mapping[str, Slot] = field(
@@ -148,7 +152,7 @@ class LockDocument:
 
     def compute_digest(self) -> str:
         """sha256 of the canonical JSON of :meth:`covered`."""
-        blob = _canonical(self.covered())
+        blob = canonical(self.covered())
         return "sha256:" + hashlib.sha256(blob.encode()).hexdigest()
 
     def sealed(self: _L) -> _L:
@@ -194,12 +198,8 @@ def _differs(a: Any, b: Any, key: str = "") -> str | None:
     if isinstance(a, dict) and isinstance(b, dict):
         found = (_differs(a.get(k), b.get(k), f"{key}.{k}" if key else k) for k in {**a, **b})
         return next((k for k in found if k is not None), None)
-    same = _canonical(a) == _canonical(b)
+    same = canonical(a) == canonical(b)
     return None if same else key or "<lock>"
-
-
-def _canonical(value: Any) -> str:
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
 
 
 def _check_version(ctx: Context, d: Raw) -> None:

@@ -3,13 +3,12 @@ declare their TOML key, reader and omission, in canonical key order."""
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from functools import reduce
-from typing import Any, Literal, TypeVar, cast, get_args
+from typing import Any, Literal, TypeVar, get_args
 
 from .errors import LockFormatError, TargetNotAllowed
 from .fingerprint import FIELDS, Match
@@ -39,6 +38,7 @@ from .tables import (
     identifier,
     identifiers,
     join,
+    non_negative,
     one_of,
     plain,
     refuse_controls,
@@ -64,6 +64,7 @@ __all__ = [
     "Twin",
     "record",
     "required",
+    "sha256",
     "table",
     "tables",
 ]
@@ -162,19 +163,25 @@ def _kwargs(ctx: Context, d: Raw, key: str, _: Raw) -> dict[str, Any]:
         where = f"{key}.{name}"
         if not name.isidentifier() or not name.isascii():
             raise ReadError("a keyword argument name must be a Python identifier", where)
-        items = _listed(value)
-        if not all(isinstance(v, _SCALAR) for v in items):
+        if not all(isinstance(v, _SCALAR) for v in _listed(value)):
             raise ReadError(
                 "constructor kwargs must be strings, numbers, booleans or lists of them, got "
                 f"{type(value).__name__}",
                 where,
             )
-        for v in items:
+    return plain_values(values, key, "pin a finite value (e.g. eps = 1e-5)")
+
+
+def plain_values(values: Raw, key: str, fix: str) -> dict[str, Any]:
+    """``values``, each (or each item of a list) a finite number within 64 bits or a name (a
+    string without control characters: never a line of a rendered file)."""
+    for name, value in values.items():
+        for v in _listed(value):
             if isinstance(v, str):
-                refuse_controls(v, where)  # a backend's name: never a line of a rendered file
+                refuse_controls(v, f"{key}.{name}")
             problem = value_problem(v, finite=True)
             if problem:
-                raise ReadError(problem, where, fix="pin a finite value (e.g. eps = 1e-5)")
+                raise ReadError(problem, f"{key}.{name}", fix=fix)
     return dict(values)
 
 
@@ -242,11 +249,16 @@ def _module(ctx: Context, d: Raw, key: str, _: Raw) -> str:
     return module
 
 
-def _max_error(ctx: Context, d: Raw, key: str, _: Raw) -> float | None:
-    max_error = get(d, key, float)
-    if max_error is not None and (not math.isfinite(max_error) or max_error < 0):
-        raise ReadError("must be a non-negative finite number", key)
-    return cast("float | None", max_error)
+def sha256(*, required: bool = False) -> Callable[[Context, Raw, str, Raw], str]:
+    """A ``sha256:<64 hex digits>`` digest (``""`` when absent, unless ``required``)."""
+
+    def read(ctx: Context, d: Raw, key: str, _: Raw) -> str:
+        digest = get(d, key, str, default="")
+        if (digest or required) and not DIGEST.fullmatch(digest):
+            raise ReadError(f"{digest!r} is not 'sha256:<64 hex digits>'", key)
+        return str(digest)
+
+    return read
 
 
 def _records(ctx: Context, d: Raw, key: str, _: Raw) -> tuple[Raw, ...]:
@@ -269,18 +281,13 @@ def table(cls: type[_T]) -> Callable[[Context, Raw, str, Raw], _T | None]:
 
 
 # ---- the tables ----------------------------------------------------------------------------------
-def _env_value(ctx: Context, d: Raw, key: str, _: Raw) -> str | int:
-    value = get(d, key, (str, int))
-    if value is None:
-        raise ReadError("required key is missing", key)
-    return cast("str | int", value)
-
-
 @dataclass(frozen=True, kw_only=True, slots=True)
 class EnvField(Table):
     """One fingerprint field: the value seen when locking, and how strictly it must match."""
 
-    value: str | int = field(metadata=toml_key("value", _env_value))
+    value: str | int = field(
+        metadata=toml_key("value", lambda ctx, d, k, _: get_required(d, k, (str, int)))
+    )
     match: Match = field(
         default="exact", metadata=toml_key("match", one_of(MATCH_RULES, default="exact"))
     )
@@ -368,7 +375,7 @@ class Twin(Table):
         default=(), metadata=toml_key("migration", strings, omit=EMPTY)
     )
     max_error: float | None = field(
-        default=None, metadata=toml_key("max-error", _max_error, omit=NONE)
+        default=None, metadata=toml_key("max-error", non_negative, omit=NONE)
     )
 
 
@@ -436,11 +443,9 @@ def read_slot(ctx: Context, name: str, d: Any, spec: SlotSpec) -> Slot:
     slot = from_dict(Slot, ctx, d, known=[k.name for k in (*spec.keys, *others)], name=name)
     for k in others:
         k.refuse(name, d)
-    extra = {k.name: k.read(ctx, d, k.name) for k in spec.keys}
-    slot = replace(slot, extra={k: v for k, v in extra.items() if v is not None})
-    slot = replace(slot, kwargs=_nones(spec, slot.kwargs))
-    if slot.twin is not None:
-        slot = replace(slot, twin=replace(slot.twin, kwargs=_nones(spec, slot.twin.kwargs)))
+    extra = {k.name: v for k in spec.keys if (v := k.read(ctx, d, k.name)) is not None}
+    twin = slot.twin and replace(slot.twin, kwargs=_nones(spec, slot.twin.kwargs))
+    slot = replace(slot, extra=extra, kwargs=_nones(spec, slot.kwargs), twin=twin)
     if slot.semantics != spec.semantics:
         raise ReadError(
             f"slot {name} needs semantics {spec.semantics!r}, the lock pins {slot.semantics!r} "
@@ -449,19 +454,18 @@ def read_slot(ctx: Context, name: str, d: Any, spec: SlotSpec) -> Slot:
             fix=f"pin a {spec.semantics} implementation for {name}, or move this entry to the "
             "matching slot",
         )
-    _typed(spec, slot.kwargs, "kwargs")
-    if slot.twin is not None:
-        _typed(spec, slot.twin.kwargs, "twin.kwargs")
-    judged = [("target", slot.target, slot.kwargs, False)]
-    if slot.twin is not None:
-        judged.append(("twin.target", slot.twin.target, slot.twin.kwargs, True))
-    for at, target, kwargs, twin in judged:  # what it computes, told without importing
-        problem = computation_problem(slot, target, kwargs, twin=twin)
+    judged = [("", slot.target, slot.kwargs)] + (
+        [("twin.", twin.target, twin.kwargs)] if twin else []
+    )
+    for at, _, kwargs in judged:
+        _typed(spec, kwargs, f"{at}kwargs")
+    for at, target, kwargs in judged:  # what it computes, told without importing
+        problem = computation_problem(slot, target, kwargs, twin=bool(at))
         if problem:
             raise ReadError(
                 f"slot {name}: {problem}: the model's maths would change",
-                at,
-                fix=computation_fix(twin),
+                f"{at}target",
+                fix=computation_fix(bool(at)),
                 kind=TargetNotAllowed,
             )
     return slot

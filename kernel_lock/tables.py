@@ -14,6 +14,7 @@ fields' order is the canonical key order, so the bytes and the digest follow.
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -27,6 +28,7 @@ __all__ = [
     "Raw",
     "ReadError",
     "Table",
+    "canonical",
     "context",
     "did_you_mean",
     "flag",
@@ -45,6 +47,7 @@ __all__ = [
     "identifiers",
     "join",
     "nearest",
+    "non_negative",
     "plain",
     "refuse_controls",
     "refuse_unknown",
@@ -364,6 +367,19 @@ def plain(value: Any) -> Any:
         return {k: plain(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [plain(v) for v in value]
+    return value
+
+
+def canonical(value: Any) -> str:
+    """The JSON a digest hashes: :func:`plain`, keys sorted, compact, ASCII."""
+    return json.dumps(plain(value), sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+
+
+def non_negative(ctx: Any, d: Raw, k: str, _: Raw) -> float | None:
+    """A non-negative finite number (None when absent)."""
+    value = get(d, k, float)
+    if value is not None and (not math.isfinite(value) or value < 0):
+        raise ReadError("must be a non-negative finite number", k)
     return value
 
 
