@@ -43,8 +43,8 @@ from .tables import (
     one_of,
     text,
     to_dict,
+    toml_field,
 )
-from .tables import toml_key as key
 from .trust import granted_trust, module_name
 
 __all__ = ["SEAL", "LockDocument"]
@@ -88,31 +88,25 @@ def _slots(ctx: Context, d: Raw, k: str, _: Raw) -> dict[str, Slot]:
 class LockDocument:
     """A parsed, validated kernel lock's content, fields in canonical key order."""
 
-    lock_version: str = field(
-        default=LOCK_VERSION, metadata=key("lock-version", text(required=True))
-    )
-    created_by: str = field(metadata=key("created-by", text(required=True)))
-    created_at: str = field(default="", metadata=key("created-at", text(), omit=EMPTY))
-    mode: Mode = field(default="training", metadata=key("mode", one_of(MODES, default="training")))
-    precision: str = field(
-        default="", metadata=key("precision", one_of(("", *PRECISIONS), default=""), omit=EMPTY)
-    )
-    trusted_modules: tuple[str, ...] = field(default=(), metadata=key("trusted-modules", _trusted))
-    digest: str = field(default="", metadata=key(SEAL, sha256()))
-    profile: Raw = field(default_factory=dict, metadata=key("profile", record_table, omit=EMPTY))
-    environment: Environment = field(metadata=key("environment", _environment))
-    slots: Mapping[str, Slot] = field(
-        metadata=key("slots", _slots, write=lambda s: {n: s[n].to_dict() for n in SPECS if n in s})
+    lock_version: str = toml_field("lock-version", text(required=True), LOCK_VERSION)
+    created_by: str = toml_field("created-by", text(required=True))
+    created_at: str = toml_field("created-at", text(), "", omit=EMPTY)
+    mode: Mode = toml_field("mode", one_of(MODES, default="training"), "training")
+    precision: str = toml_field("precision", one_of(("", *PRECISIONS), default=""), "", omit=EMPTY)
+    trusted_modules: tuple[str, ...] = toml_field("trusted-modules", _trusted, ())
+    digest: str = toml_field(SEAL, sha256(), "")
+    profile: Raw = toml_field("profile", record_table, factory=dict, omit=EMPTY)
+    environment: Environment = toml_field("environment", _environment)
+    slots: Mapping[str, Slot] = toml_field(
+        "slots", _slots, write=lambda s: {n: s[n].to_dict() for n in SPECS if n in s}
     )
     # [graph-attention]: anemoi's GraphTransformer backend
-    graph_attention: GraphAttention | None = field(
-        default=None, metadata=key(GRAPH_ATTENTION, table(GraphAttention), omit=NONE)
+    graph_attention: GraphAttention | None = toml_field(
+        GRAPH_ATTENTION, table(GraphAttention), None, omit=NONE
     )
     # [model]: the model the lock was probed for, as traced (``kernel-probe --model``)
-    model: Model | None = field(default=None, metadata=key(MODEL, table(Model), omit=NONE))
-    provenance: Raw = field(
-        default_factory=dict, metadata=key("provenance", record_table, omit=EMPTY)
-    )
+    model: Model | None = toml_field(MODEL, table(Model), None, omit=NONE)
+    provenance: Raw = toml_field("provenance", record_table, factory=dict, omit=EMPTY)
     path: str | None = field(default=None, compare=False)
     warnings: tuple[str, ...] = field(default=(), compare=False)
     intact: bool = field(default=True, compare=False)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import hashlib
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from .schema import plain_values, record, sha256, table, tables
@@ -28,8 +28,8 @@ from .tables import (
     non_negative,
     one_of,
     text,
+    toml_field,
 )
-from .tables import toml_key as key
 
 __all__ = [
     "KINDS",
@@ -73,23 +73,23 @@ class Site(Table):
     itself ``""``), or for a functional call the path of the module it ran in, a colon and the
     function (``blocks.0.attn:scaled_dot_product_attention``)."""
 
-    slot: str = field(metadata=key("slot", identifier(required=True)))
-    where: str = field(metadata=key("where", identifier(required=True)))
-    kind: str = field(default="module", metadata=key("kind", one_of(KINDS, default="module")))
-    call: str = field(metadata=key("call", identifier(required=True)))  # the class or function
-    calls: int = field(default=1, metadata=key("calls", _count(1)))  # per forward
-    dtype: str = field(default="", metadata=key("dtype", identifier(), omit=EMPTY))
-    shapes: tuple[str, ...] = field(default=(), metadata=key("shapes", identifiers, omit=EMPTY))
-    semantics: Raw = field(default_factory=dict, metadata=key("semantics", _semantics, omit=EMPTY))
+    slot: str = toml_field("slot", identifier(required=True))
+    where: str = toml_field("where", identifier(required=True))
+    kind: str = toml_field("kind", one_of(KINDS, default="module"), "module")
+    call: str = toml_field("call", identifier(required=True))  # the class or function
+    calls: int = toml_field("calls", _count(1), 1)  # per forward
+    dtype: str = toml_field("dtype", identifier(), "", omit=EMPTY)
+    shapes: tuple[str, ...] = toml_field("shapes", identifiers, (), omit=EMPTY)
+    semantics: Raw = toml_field("semantics", _semantics, factory=dict, omit=EMPTY)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Unreached(Table):
     """A site the trace found but no slot can swap (``nn.MultiheadAttention``), and why."""
 
-    where: str = field(metadata=key("where", identifier(required=True)))
-    call: str = field(metadata=key("call", identifier(required=True)))
-    reason: str = field(metadata=key("reason", identifier(required=True)))
+    where: str = toml_field("where", identifier(required=True))
+    call: str = toml_field("call", identifier(required=True))
+    reason: str = toml_field("reason", identifier(required=True))
 
 
 def _verdict(ctx: Any, d: Raw, k: str, _: Raw) -> str:
@@ -113,27 +113,17 @@ class Checked(Table):
     model as written vs with the lock applied): its verdict, the first diverging site and phase,
     how close the losses stayed, and the training step's time with and without the lock."""
 
-    verdict: str = field(metadata=key("verdict", _verdict))
-    steps: int = field(default=0, metadata=key("steps", _count(0), omit=EMPTY))
-    phases: int = field(default=0, metadata=key("phases", _count(0), omit=EMPTY))
-    first: str = field(default="", metadata=key("first", identifier(), omit=EMPTY))
-    phase: str = field(default="", metadata=key("phase", identifier(), omit=EMPTY))
-    losses_agree_to: float | None = field(
-        default=None, metadata=key("losses-agree-to", non_negative, omit=NONE)
-    )
-    step_ratio: float | None = field(
-        default=None, metadata=key("step-ratio", non_negative, omit=NONE)
-    )
-    step_interval: tuple[float, ...] = field(
-        default=(), metadata=key("step-interval", _interval, omit=EMPTY)
-    )
-    step_written: float | None = field(
-        default=None, metadata=key("step-written", non_negative, omit=NONE)
-    )
-    step_applied: float | None = field(
-        default=None, metadata=key("step-applied", non_negative, omit=NONE)
-    )
-    why: str = field(default="", metadata=key("why", text(), omit=EMPTY))
+    verdict: str = toml_field("verdict", _verdict)
+    steps: int = toml_field("steps", _count(0), 0, omit=EMPTY)
+    phases: int = toml_field("phases", _count(0), 0, omit=EMPTY)
+    first: str = toml_field("first", identifier(), "", omit=EMPTY)
+    phase: str = toml_field("phase", identifier(), "", omit=EMPTY)
+    losses_agree_to: float | None = toml_field("losses-agree-to", non_negative, None, omit=NONE)
+    step_ratio: float | None = toml_field("step-ratio", non_negative, None, omit=NONE)
+    step_interval: tuple[float, ...] = toml_field("step-interval", _interval, (), omit=EMPTY)
+    step_written: float | None = toml_field("step-written", non_negative, None, omit=NONE)
+    step_applied: float | None = toml_field("step-applied", non_negative, None, omit=NONE)
+    why: str = toml_field("why", text(), "", omit=EMPTY)
 
     def line(self) -> str:
         """One line: ``agree over 3 steps (7 phases), losses agree to 3e-07; step 1.02x ...``."""
@@ -158,14 +148,12 @@ class Checked(Table):
 class Model(Table):
     """``[model]``: the spec the probe traced, how, its call sites and their digest."""
 
-    spec: str = field(metadata=key("spec", identifier(required=True)))
-    traced: str = field(default="", metadata=key("traced", identifier(), omit=EMPTY))
-    digest: str = field(metadata=key("digest", sha256(required=True)))
-    sites: tuple[Site, ...] = field(default=(), metadata=key("sites", tables(Site), omit=EMPTY))
-    unreached: tuple[Unreached, ...] = field(
-        default=(), metadata=key("unreached", tables(Unreached), omit=EMPTY)
-    )
-    check: Checked | None = field(default=None, metadata=key("check", table(Checked), omit=NONE))
+    spec: str = toml_field("spec", identifier(required=True))
+    traced: str = toml_field("traced", identifier(), "", omit=EMPTY)
+    digest: str = toml_field("digest", sha256(required=True))
+    sites: tuple[Site, ...] = toml_field("sites", tables(Site), (), omit=EMPTY)
+    unreached: tuple[Unreached, ...] = toml_field("unreached", tables(Unreached), (), omit=EMPTY)
+    check: Checked | None = toml_field("check", table(Checked), None, omit=NONE)
 
     @staticmethod
     def digest_of(sites: tuple[Site, ...], unreached: tuple[Unreached, ...] = ()) -> str:

@@ -45,7 +45,7 @@ from .tables import (
     strings,
     text,
     to_dict,
-    toml_key,
+    toml_field,
     type_name,
     value_problem,
 )
@@ -285,12 +285,8 @@ def table(cls: type[_T]) -> Callable[[Context, Raw, str, Raw], _T | None]:
 class EnvField(Table):
     """One fingerprint field: the value seen when locking, and how strictly it must match."""
 
-    value: str | int = field(
-        metadata=toml_key("value", lambda ctx, d, k, _: get_required(d, k, (str, int)))
-    )
-    match: Match = field(
-        default="exact", metadata=toml_key("match", one_of(MATCH_RULES, default="exact"))
-    )
+    value: str | int = toml_field("value", lambda ctx, d, k, _: get_required(d, k, (str, int)))
+    match: Match = toml_field("match", one_of(MATCH_RULES, default="exact"), "exact")
 
 
 def _env_field(ctx: Context, name: str, d: Any, typ: Any, problem: str | None = None) -> EnvField:
@@ -336,17 +332,15 @@ def _libraries(ctx: Context, d: Raw, key: str, _: Raw) -> dict[str, EnvField]:
 class Environment(Table):
     """The fingerprint: named fields, plus the versions of the libraries the chosen kernels need."""
 
-    fields: Mapping[str, EnvField] = field(
-        default_factory=dict, metadata=toml_key(REST, _env_fields, write=_env_fields_out)
+    fields: Mapping[str, EnvField] = toml_field(
+        REST, _env_fields, factory=dict, write=_env_fields_out
     )
-    libraries: Mapping[str, EnvField] = field(
-        default_factory=dict,
-        metadata=toml_key(
-            "libraries",
-            _libraries,
-            omit=EMPTY,
-            write=lambda libs: {k: libs[k].to_dict() for k in sorted(libs)},
-        ),
+    libraries: Mapping[str, EnvField] = toml_field(
+        "libraries",
+        _libraries,
+        factory=dict,
+        omit=EMPTY,
+        write=lambda libs: {k: libs[k].to_dict() for k in sorted(libs)},
     )
 
 
@@ -354,39 +348,32 @@ class Environment(Table):
 class Requirement(Table):
     """A distribution a slot needs: name, PEP 440 specifier, the module it provides."""
 
-    name: str = field(metadata=toml_key("name", identifier(required=True)))
-    specifier: str = field(default="", metadata=toml_key("specifier", _specifier))
-    module: str = field(default="", metadata=toml_key("module", _module, omit=EMPTY))
+    name: str = toml_field("name", identifier(required=True))
+    specifier: str = toml_field("specifier", _specifier, "")
+    module: str = toml_field("module", _module, "", omit=EMPTY)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Twin(Table):
     """The portable torch.nn equivalent used for inference where the training library is absent."""
 
-    target: str = field(metadata=toml_key("target", _target))
-    kwargs: Raw = field(
-        default_factory=dict, metadata=toml_key("kwargs", _kwargs, write=_written_kwargs)
+    target: str = toml_field("target", _target)
+    kwargs: Raw = toml_field("kwargs", _kwargs, factory=dict, write=_written_kwargs)
+    state_dict: StateDict = toml_field(
+        "state-dict", one_of(STATE_DICT, default="interchangeable"), "interchangeable"
     )
-    state_dict: StateDict = field(
-        default="interchangeable",
-        metadata=toml_key("state-dict", one_of(STATE_DICT, default="interchangeable")),
-    )
-    migration: tuple[str, ...] = field(
-        default=(), metadata=toml_key("migration", strings, omit=EMPTY)
-    )
-    max_error: float | None = field(
-        default=None, metadata=toml_key("max-error", non_negative, omit=NONE)
-    )
+    migration: tuple[str, ...] = toml_field("migration", strings, (), omit=EMPTY)
+    max_error: float | None = toml_field("max-error", non_negative, None, omit=NONE)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Candidate(Table):
     """A candidate considered for a slot and not chosen, with the verdict and its reasons."""
 
-    implementation: str = field(metadata=toml_key("implementation", identifier(required=True)))
-    target: str = field(default="", metadata=toml_key("target", text()))
-    status: Status = field(metadata=toml_key("status", one_of(STATUSES)))
-    reasons: tuple[str, ...] = field(default=(), metadata=toml_key("reasons", strings))
+    implementation: str = toml_field("implementation", identifier(required=True))
+    target: str = toml_field("target", text(), "")
+    status: Status = toml_field("status", one_of(STATUSES))
+    reasons: tuple[str, ...] = toml_field("reasons", strings, ())
 
 
 def _semantics(ctx: Context, d: Raw, key: str, so_far: Raw) -> str:
@@ -398,29 +385,19 @@ class Slot(Table):
     """What the lock pins for one slot; the slot's own keys are written after the key each names."""
 
     name: str  # the slot's table name, not a key inside it
-    implementation: str = field(metadata=toml_key("implementation", identifier(required=True)))
-    target: str = field(metadata=toml_key("target", _target))
-    semantics: str = field(metadata=toml_key("semantics", _semantics))
-    kwargs: Raw = field(
-        default_factory=dict, metadata=toml_key("kwargs", _kwargs, write=_written_kwargs)
-    )
-    requires: tuple[Requirement, ...] = field(
-        default=(), metadata=toml_key("requires", tables(Requirement))
-    )
-    devices: tuple[str, ...] = field(default=(), metadata=toml_key("devices", identifiers))
-    reason: str = field(default="", metadata=toml_key("reason", text()))
+    implementation: str = toml_field("implementation", identifier(required=True))
+    target: str = toml_field("target", _target)
+    semantics: str = toml_field("semantics", _semantics)
+    kwargs: Raw = toml_field("kwargs", _kwargs, factory=dict, write=_written_kwargs)
+    requires: tuple[Requirement, ...] = toml_field("requires", tables(Requirement), ())
+    devices: tuple[str, ...] = toml_field("devices", identifiers, ())
+    reason: str = toml_field("reason", text(), "")
     # what the implementation changes besides numbers, accepted explicitly
-    changes: tuple[str, ...] = field(
-        default=(), metadata=toml_key("accepted-changes", strings, omit=EMPTY)
-    )
-    twin: Twin | None = field(default=None, metadata=toml_key("twin", table(Twin), omit=NONE))
-    evidence: tuple[Raw, ...] = field(
-        default=(), metadata=toml_key("evidence", _records, omit=EMPTY)
-    )
-    timing: tuple[Raw, ...] = field(default=(), metadata=toml_key("timing", _records, omit=EMPTY))
-    rejected: tuple[Candidate, ...] = field(
-        default=(), metadata=toml_key("rejected", tables(Candidate), omit=EMPTY)
-    )
+    changes: tuple[str, ...] = toml_field("accepted-changes", strings, (), omit=EMPTY)
+    twin: Twin | None = toml_field("twin", table(Twin), None, omit=NONE)
+    evidence: tuple[Raw, ...] = toml_field("evidence", _records, (), omit=EMPTY)
+    timing: tuple[Raw, ...] = toml_field("timing", _records, (), omit=EMPTY)
+    rejected: tuple[Candidate, ...] = toml_field("rejected", tables(Candidate), (), omit=EMPTY)
     extra: Raw = field(default_factory=dict)  # the slot's own keys, by key
 
     def to_dict(self) -> dict[str, Any]:

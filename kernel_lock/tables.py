@@ -19,7 +19,7 @@ import math
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import fields, is_dataclass
+from dataclasses import MISSING, field, fields, is_dataclass
 from typing import Any, TypeVar
 
 __all__ = [
@@ -55,6 +55,7 @@ __all__ = [
     "table_keys",
     "text",
     "to_dict",
+    "toml_field",
     "toml_key",
     "type_name",
     "unknown_keys",
@@ -323,6 +324,21 @@ def toml_key(
 ) -> dict[str, Any]:
     """A field's metadata: its TOML key, reader, writer (default :func:`plain`) and omission."""
     return {"key": name, "read": read, "omit": omit, "write": write or plain}
+
+
+def toml_field(
+    name: str,
+    read: Reader,
+    default: Any = MISSING,
+    *,
+    factory: Any = MISSING,
+    omit: Callable[[Any], bool] | None = None,
+    write: Callable[[Any], Any] | None = None,
+) -> Any:
+    """A dataclass field read from and written to the TOML key ``name`` (:func:`toml_key`);
+    ``default`` or ``factory``: its value when the table has no such key."""
+    metadata = toml_key(name, read, omit=omit, write=write)
+    return field(default=default, default_factory=factory, metadata=metadata)
 
 
 def table_keys(cls: type) -> tuple[str, ...]:
