@@ -132,20 +132,20 @@ def _verify_training(lock: LockDocument, current: Mapping[str, Any]) -> list[str
         found = unusable(slot, current, "training", lock.mode)  # as factory() judges it
         job_start = SPECS[slot.name].job_start  # the slot's own rules (the Linear's BLAS)
         diffs += found + (job_start(slot, current) if job_start is not None else [])
-        needs = [d for d in found if d.rule not in ("mode", "devices")]
-        missing += [slot] if needs else []
+        if any(d.rule not in ("mode", "devices") for d in found):
+            missing.append(slot)
         required += len(found) - (lock.mode == "inference")  # what the fix below covers
     graph = graph_attention.job_start_differences(lock.graph_attention, current)
     diffs = list(dict.fromkeys(diffs + graph))  # the lock's mode, said once
-    if diffs:
-        elsewhere = any(d.rule == "devices" for d in diffs)
-        fix = _training_fix(lock, len(diffs) > required, missing, elsewhere)
-        if graph:  # the graph-attention backend's own fix, beside the others'
-            others = fix or f"{_REPROBE} to write a lock for it"
-            fix = f"{others}; for [{graph_attention.TABLE}]: {graph_attention.FIX}"
-            fix = graph_attention.FIX if len(graph) == len(diffs) else fix
-        raise LockMismatch(diffs, path=lock.path, fix=fix)
-    return notes
+    if not diffs:
+        return notes
+    elsewhere = any(d.rule == "devices" for d in diffs)
+    fix = _training_fix(lock, len(diffs) > required, missing, elsewhere)
+    if graph:  # the graph-attention backend's own fix, beside the others'
+        others = fix or f"{_REPROBE} to write a lock for it"
+        fix = f"{others}; for [{graph_attention.TABLE}]: {graph_attention.FIX}"
+        fix = graph_attention.FIX if len(graph) == len(diffs) else fix
+    raise LockMismatch(diffs, path=lock.path, fix=fix)
 
 
 def _training_fix(
