@@ -235,11 +235,11 @@ def confirm_targets(
     """Raise what :func:`factory` would for a slot, decided without importing where
     possible; an undecidable target is imported in a child (``import_unknown``) or refused."""
     torch_version = str(current.get("torch") or "")
-    unknown: dict[str, str] = {}
-    for entry in lock.slots.values():
-        why = _static_problem(lock, entry, mode, current, torch_version)
-        if why is not None:
-            unknown[entry.name] = why
+    unknown = {
+        entry.name: why
+        for entry in lock.slots.values()
+        if (why := _static_problem(lock, entry, mode, current, torch_version)) is not None
+    }
     if not unknown:
         return
     if not import_unknown:
@@ -375,9 +375,9 @@ def _refuse_training(lock: LockDocument, entry: Slot) -> None:
     slot, what = entry.name, f"slot {entry.name}: {entry.implementation} ({entry.target})"
     here = torchless.for_check(_INFERENCE_FACTS) if entry.devices else {}
     problems = unusable(entry, here, "training", lock.mode)
-    first = problems[0] if problems else None
-    if first is None:
+    if not problems:
         return
+    first = problems[0]
     if first.rule == "mode":
         raise KernelUnavailable(
             f"slot {slot}: {lock.path or 'this lock'} is an inference lock (its substitutions are "
