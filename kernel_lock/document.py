@@ -4,12 +4,11 @@
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
-from typing import Any, TypeVar, cast
+from typing import Any, TypeVar
 
 from . import toml as _toml
 from .errors import LockFormatError, LockVersionError
@@ -19,7 +18,6 @@ from .graph_attention import GraphAttention
 from .model import TABLE as MODEL
 from .model import Model
 from .schema import (
-    DIGEST,
     LOCK_VERSION,
     VERSION,
     Context,
@@ -28,12 +26,25 @@ from .schema import (
     read_slot,
     record_table,
     required,
+    sha256,
     table,
 )
 from .slots import MODES, PRECISIONS, SPECS, slot_name_fix, spec_of
 from .slots.base import Mode
-from .tables import EMPTY, NONE, Raw, ReadError, from_dict, get, get_strings, one_of, text, to_dict
-from .tables import toml_key as key
+from .tables import (
+    EMPTY,
+    NONE,
+    Raw,
+    ReadError,
+    canonical,
+    from_dict,
+    get,
+    get_strings,
+    one_of,
+    text,
+    to_dict,
+    toml_field,
+)
 from .trust import granted_trust, module_name
 
 __all__ = ["SEAL", "LockDocument"]
@@ -51,13 +62,6 @@ def _trusted(ctx: Context, d: Raw, k: str, _: Raw) -> tuple[str, ...]:
             raise ReadError(f"{module!r} is not a module name", f"{k}[{i}]")
     ctx.requested = trusted  # a request only: the caller grants trust
     return trusted
-
-
-def _digest(ctx: Context, d: Raw, k: str, _: Raw) -> str:
-    digest = get(d, k, str, default="")
-    if digest and not DIGEST.fullmatch(digest):
-        raise ReadError(f"{digest!r} is not 'sha256:<64 hex digits>'", k)
-    return cast(str, digest)
 
 
 def _environment(ctx: Context, d: Raw, k: str, so_far: Any) -> Environment:
@@ -84,31 +88,25 @@ def _slots(ctx: Context, d: Raw, k: str, _: Raw) -> dict[str, Slot]:
 class LockDocument:
     """A parsed, validated kernel lock's content, fields in canonical key order."""
 
-    lock_version: str = field(
-        default=LOCK_VERSION, metadata=key("lock-version", text(required=True))
-    )
-    created_by: str = field(metadata=key("created-by", text(required=True)))
-    created_at: str = field(default="", metadata=key("created-at", text(), omit=EMPTY))
-    mode: Mode = field(default="training", metadata=key("mode", one_of(MODES, default="training")))
-    precision: str = field(
-        default="", metadata=key("precision", one_of(("", *PRECISIONS), default=""), omit=EMPTY)
-    )
-    trusted_modules: tuple[str, ...] = field(default=(), metadata=key("trusted-modules", _trusted))
-    digest: str = field(default="", metadata=key(SEAL, _digest))
-    profile: Raw = field(default_factory=dict, metadata=key("profile", record_table, omit=EMPTY))
-    environment: Environment = field(metadata=key("environment", _environment))
-    slots: Mapping[str, Slot] = field(
-        metadata=key("slots", _slots, write=lambda s: {n: s[n].to_dict() for n in SPECS if n in s})
+    lock_version: str = toml_field("lock-version", text(required=True), LOCK_VERSION)
+    created_by: str = toml_field("created-by", text(required=True))
+    created_at: str = toml_field("created-at", text(), "", omit=EMPTY)
+    mode: Mode = toml_field("mode", one_of(MODES, default="training"), "training")
+    precision: str = toml_field("precision", one_of(("", *PRECISIONS), default=""), "", omit=EMPTY)
+    trusted_modules: tuple[str, ...] = toml_field("trusted-modules", _trusted, ())
+    digest: str = toml_field(SEAL, sha256(), "")
+    profile: Raw = toml_field("profile", record_table, factory=dict, omit=EMPTY)
+    environment: Environment = toml_field("environment", _environment)
+    slots: Mapping[str, Slot] = toml_field(
+        "slots", _slots, write=lambda s: {n: s[n].to_dict() for n in SPECS if n in s}
     )
     # [graph-attention]: anemoi's GraphTransformer backend
-    graph_attention: GraphAttention | None = field(
-        default=None, metadata=key(GRAPH_ATTENTION, table(GraphAttention), omit=NONE)
+    graph_attention: GraphAttention | None = toml_field(
+        GRAPH_ATTENTION, table(GraphAttention), None, omit=NONE
     )
     # [model]: the model the lock was probed for, as traced (``kernel-probe --model``)
-    model: Model | None = field(default=None, metadata=key(MODEL, table(Model), omit=NONE))
-    provenance: Raw = field(
-        default_factory=dict, metadata=key("provenance", record_table, omit=EMPTY)
-    )
+    model: Model | None = toml_field(MODEL, table(Model), None, omit=NONE)
+    provenance: Raw = toml_field("provenance", record_table, factory=dict, omit=EMPTY)
     path: str | None = field(default=None, compare=False)
     warnings: tuple[str, ...] = field(default=(), compare=False)
     intact: bool = field(default=True, compare=False)
@@ -148,7 +146,7 @@ class LockDocument:
 
     def compute_digest(self) -> str:
         """sha256 of the canonical JSON of :meth:`covered`."""
-        blob = _canonical(self.covered())
+        blob = canonical(self.covered())
         return "sha256:" + hashlib.sha256(blob.encode()).hexdigest()
 
     def sealed(self: _L) -> _L:
@@ -194,12 +192,8 @@ def _differs(a: Any, b: Any, key: str = "") -> str | None:
     if isinstance(a, dict) and isinstance(b, dict):
         found = (_differs(a.get(k), b.get(k), f"{key}.{k}" if key else k) for k in {**a, **b})
         return next((k for k in found if k is not None), None)
-    same = _canonical(a) == _canonical(b)
+    same = canonical(a) == canonical(b)
     return None if same else key or "<lock>"
-
-
-def _canonical(value: Any) -> str:
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
 
 
 def _check_version(ctx: Context, d: Raw) -> None:

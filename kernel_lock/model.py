@@ -1,24 +1,17 @@
-"""The lock's ``[model]`` table: the model a lock was probed for, as its trace found it.
-
-A trace (``kernel-probe model SPEC``) records every call site of every slot in one forward and
-backward of the model: where it is (a module's path, or the module a functional call ran in), what
-the model calls there, the semantics it calls it with, the shapes and dtype of its inputs and how
-often one forward calls it; and the sites it found but cannot swap (``unreached``), each with the
-reason. The probe checks each slot with these semantics and times it at these shapes; the lock
-records the table and its digest, so a lock made for another model (or other sizes) is told apart,
-and ``kernel_lock.apply`` knows the sites it covers. Plain data here: no torch.
-"""
+"""The lock's ``[model]`` table: the call sites a trace (``kernel-probe model SPEC``) found in one
+forward and backward, with what each calls, its semantics, shapes, dtype and calls per forward, and
+the sites no slot can swap (``unreached``). Its digest tells a lock made for another model apart;
+``kernel_lock.apply`` knows the sites it covers. Plain data: no torch."""
 
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from .schema import DIGEST, record, table
+from .schema import plain_values, record, sha256, table, tables
 from .slots.base import NONE_VALUE
 from .tables import (
     EMPTY,
@@ -27,16 +20,16 @@ from .tables import (
     Raw,
     ReadError,
     Table,
-    from_dict,
+    canonical,
     get,
     get_int,
     identifier,
     identifiers,
-    refuse_controls,
+    non_negative,
+    one_of,
     text,
-    value_problem,
+    toml_field,
 )
-from .tables import toml_key as key
 
 __all__ = [
     "KINDS",
@@ -53,11 +46,8 @@ __all__ = [
 
 TABLE = "model"
 KINDS = ("module", "function")  # a module the model holds, or a functional call it makes
-VERDICTS = (
-    "agree",
-    "diverging",
-    "not-run",
-)  # of the model-level check (``kernel-probe check-model``)
+# of the model-level check (``kernel-probe check-model``)
+VERDICTS = ("agree", "diverging", "not-run")
 
 
 def function_site(owner: str, function: str, n: int) -> str:
@@ -66,36 +56,15 @@ def function_site(owner: str, function: str, n: int) -> str:
     return f"{owner}:{function}" + (f"#{n}" if n > 1 else "")
 
 
-def _kind(ctx: Any, d: Raw, k: str, _: Raw) -> str:
-    value = get(d, k, str, default="module")
-    if value not in KINDS:
-        raise ReadError(f"{value!r} is not one of {', '.join(KINDS)}", k)
-    return value
-
-
-def _calls(ctx: Any, d: Raw, k: str, _: Raw) -> int:
-    return get_int(d, k, 1, INT64, default=1) or 1
+def _count(lo: int) -> Any:
+    """An integer of at least ``lo`` (``lo`` when absent)."""
+    return lambda ctx, d, k, _: get_int(d, k, lo, INT64, default=lo)
 
 
 def _semantics(ctx: Any, d: Raw, k: str, _: Raw) -> Raw:
     """A flat table of finite numbers, booleans and names (and lists of them)."""
     values = ctx.object(d, k, record) or {}
-    for name, value in values.items():
-        for v in value if isinstance(value, list) else [value]:
-            where = f"{k}.{name}"
-            problem = value_problem(v, finite=True)
-            if problem:
-                raise ReadError(problem, where, fix="re-run `kernel-probe --model SPEC --force`")
-            if isinstance(v, str):
-                refuse_controls(v, where)
-    return values
-
-
-def _digest(ctx: Any, d: Raw, k: str, _: Raw) -> str:
-    value = get(d, k, str, default="")
-    if not DIGEST.fullmatch(value):
-        raise ReadError(f"{value!r} is not 'sha256:<64 hex digits>'", k)
-    return str(value)
+    return plain_values(values, k, "re-run `kernel-probe --model SPEC --force`")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -104,23 +73,23 @@ class Site(Table):
     itself ``""``), or for a functional call the path of the module it ran in, a colon and the
     function (``blocks.0.attn:scaled_dot_product_attention``)."""
 
-    slot: str = field(metadata=key("slot", identifier(required=True)))
-    where: str = field(metadata=key("where", identifier(required=True)))
-    kind: str = field(default="module", metadata=key("kind", _kind))
-    call: str = field(metadata=key("call", identifier(required=True)))  # the class or function
-    calls: int = field(default=1, metadata=key("calls", _calls))  # per forward
-    dtype: str = field(default="", metadata=key("dtype", identifier(), omit=EMPTY))
-    shapes: tuple[str, ...] = field(default=(), metadata=key("shapes", identifiers, omit=EMPTY))
-    semantics: Raw = field(default_factory=dict, metadata=key("semantics", _semantics, omit=EMPTY))
+    slot: str = toml_field("slot", identifier(required=True))
+    where: str = toml_field("where", identifier(required=True))
+    kind: str = toml_field("kind", one_of(KINDS, default="module"), "module")
+    call: str = toml_field("call", identifier(required=True))  # the class or function
+    calls: int = toml_field("calls", _count(1), 1)  # per forward
+    dtype: str = toml_field("dtype", identifier(), "", omit=EMPTY)
+    shapes: tuple[str, ...] = toml_field("shapes", identifiers, (), omit=EMPTY)
+    semantics: Raw = toml_field("semantics", _semantics, factory=dict, omit=EMPTY)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Unreached(Table):
     """A site the trace found but no slot can swap (``nn.MultiheadAttention``), and why."""
 
-    where: str = field(metadata=key("where", identifier(required=True)))
-    call: str = field(metadata=key("call", identifier(required=True)))
-    reason: str = field(metadata=key("reason", identifier(required=True)))
+    where: str = toml_field("where", identifier(required=True))
+    call: str = toml_field("call", identifier(required=True))
+    reason: str = toml_field("reason", identifier(required=True))
 
 
 def _verdict(ctx: Any, d: Raw, k: str, _: Raw) -> str:
@@ -130,26 +99,12 @@ def _verdict(ctx: Any, d: Raw, k: str, _: Raw) -> str:
     return value
 
 
-def _number(ctx: Any, d: Raw, k: str, _: Raw) -> float | None:
-    value = get(d, k, float)
-    if value is not None and (not math.isfinite(value) or value < 0):
-        raise ReadError("must be a non-negative finite number", k)
-    return value
-
-
 def _interval(ctx: Any, d: Raw, k: str, _: Raw) -> tuple[float, ...]:
     values = get(d, k, list, default=[])
-    if values and (len(values) != 2 or not all(_finite(v) for v in values)):
+    finite = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
+    if values and (len(values) != 2 or not finite or not all(0 <= v < math.inf for v in values)):
         raise ReadError("must be two non-negative finite numbers, [low, high]", k)
     return tuple(float(v) for v in values)
-
-
-def _steps(ctx: Any, d: Raw, k: str, _: Raw) -> int:
-    return get_int(d, k, 0, INT64, default=0) or 0
-
-
-def _finite(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v < math.inf
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -158,25 +113,17 @@ class Checked(Table):
     model as written vs with the lock applied): its verdict, the first diverging site and phase,
     how close the losses stayed, and the training step's time with and without the lock."""
 
-    verdict: str = field(metadata=key("verdict", _verdict))
-    steps: int = field(default=0, metadata=key("steps", _steps, omit=EMPTY))
-    phases: int = field(default=0, metadata=key("phases", _steps, omit=EMPTY))
-    first: str = field(default="", metadata=key("first", identifier(), omit=EMPTY))
-    phase: str = field(default="", metadata=key("phase", identifier(), omit=EMPTY))
-    losses_agree_to: float | None = field(
-        default=None, metadata=key("losses-agree-to", _number, omit=NONE)
-    )
-    step_ratio: float | None = field(default=None, metadata=key("step-ratio", _number, omit=NONE))
-    step_interval: tuple[float, ...] = field(
-        default=(), metadata=key("step-interval", _interval, omit=EMPTY)
-    )
-    step_written: float | None = field(
-        default=None, metadata=key("step-written", _number, omit=NONE)
-    )
-    step_applied: float | None = field(
-        default=None, metadata=key("step-applied", _number, omit=NONE)
-    )
-    why: str = field(default="", metadata=key("why", text(), omit=EMPTY))
+    verdict: str = toml_field("verdict", _verdict)
+    steps: int = toml_field("steps", _count(0), 0, omit=EMPTY)
+    phases: int = toml_field("phases", _count(0), 0, omit=EMPTY)
+    first: str = toml_field("first", identifier(), "", omit=EMPTY)
+    phase: str = toml_field("phase", identifier(), "", omit=EMPTY)
+    losses_agree_to: float | None = toml_field("losses-agree-to", non_negative, None, omit=NONE)
+    step_ratio: float | None = toml_field("step-ratio", non_negative, None, omit=NONE)
+    step_interval: tuple[float, ...] = toml_field("step-interval", _interval, (), omit=EMPTY)
+    step_written: float | None = toml_field("step-written", non_negative, None, omit=NONE)
+    step_applied: float | None = toml_field("step-applied", non_negative, None, omit=NONE)
+    why: str = toml_field("why", text(), "", omit=EMPTY)
 
     def line(self) -> str:
         """One line: ``agree over 3 steps (7 phases), losses agree to 3e-07; step 1.02x ...``."""
@@ -197,33 +144,22 @@ class Checked(Table):
         return said
 
 
-def _sites(cls: type) -> Any:
-    return lambda ctx, d, k, _: ctx.objects(d, k, lambda t: from_dict(cls, ctx, t))
-
-
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Model(Table):
     """``[model]``: the spec the probe traced, how, its call sites and their digest."""
 
-    spec: str = field(metadata=key("spec", identifier(required=True)))
-    traced: str = field(default="", metadata=key("traced", identifier(), omit=EMPTY))
-    digest: str = field(metadata=key("digest", _digest))
-    sites: tuple[Site, ...] = field(default=(), metadata=key("sites", _sites(Site), omit=EMPTY))
-    unreached: tuple[Unreached, ...] = field(
-        default=(), metadata=key("unreached", _sites(Unreached), omit=EMPTY)
-    )
-    check: Checked | None = field(default=None, metadata=key("check", table(Checked), omit=NONE))
+    spec: str = toml_field("spec", identifier(required=True))
+    traced: str = toml_field("traced", identifier(), "", omit=EMPTY)
+    digest: str = toml_field("digest", sha256(required=True))
+    sites: tuple[Site, ...] = toml_field("sites", tables(Site), (), omit=EMPTY)
+    unreached: tuple[Unreached, ...] = toml_field("unreached", tables(Unreached), (), omit=EMPTY)
+    check: Checked | None = toml_field("check", table(Checked), None, omit=NONE)
 
     @staticmethod
     def digest_of(sites: tuple[Site, ...], unreached: tuple[Unreached, ...] = ()) -> str:
         """sha256 of the call sites (not the spec: the same model named another way is the same
         model, and not how it was traced)."""
-        blob = json.dumps(
-            {"sites": [s.to_dict() for s in sites], "unreached": [u.to_dict() for u in unreached]},
-            sort_keys=True,
-            separators=(",", ":"),
-            ensure_ascii=True,
-        )
+        blob = canonical({"sites": sites, "unreached": unreached})
         return "sha256:" + hashlib.sha256(blob.encode()).hexdigest()
 
     @classmethod

@@ -76,17 +76,14 @@ def verify(
     current: Mapping[str, Any] | None = None,
     targets: str | None = None,
 ) -> list[str]:
-    """Check this machine against the lock; raises :class:`LockMismatch` listing every
-    difference, returns notes. Training: every field, library, requirement and job-start rule;
-    inference: every slot buildable, as pinned or via its twin. ``targets``: None, ``"static"``
-    or ``"child"`` (:func:`confirm_targets`)."""
+    """Check this machine against the lock: :class:`LockMismatch` lists every difference (training:
+    fields, libraries, job-start rules; inference: every slot buildable, pinned or via its twin);
+    returns notes. ``targets``: None, ``"static"`` or ``"child"`` (:func:`confirm_targets`)."""
     mode = mode_for(lock, mode)
     if current is None:  # torch-free; a fact only torch can settle is read with it
         current = torchless.for_check(_facts_checked(lock, mode))
     notes = (_verify_training if mode == "training" else _verify_inference)(lock, current)
-    fallback = graph_attention.fallback_note(lock.graph_attention, current)
-    if fallback:
-        notes.append(fallback)
+    notes += filter(None, [graph_attention.fallback_note(lock.graph_attention, current)])
     if targets is not None:
         confirm_targets(lock, mode, current, import_unknown=targets == "child")
     return notes
@@ -120,8 +117,7 @@ def _fingerprint_notes(lock: LockDocument, current: Mapping[str, Any]) -> list[s
         and current.get(name) is not None
         and str(current.get(name)) != str(spec.value)
     ]
-    name_note = fingerprint.device_name_note(current)
-    return notes + ([name_note] if name_note else [])
+    return notes + list(filter(None, [fingerprint.device_name_note(current)]))
 
 
 def _verify_training(lock: LockDocument, current: Mapping[str, Any]) -> list[str]:
@@ -136,20 +132,20 @@ def _verify_training(lock: LockDocument, current: Mapping[str, Any]) -> list[str
         found = unusable(slot, current, "training", lock.mode)  # as factory() judges it
         job_start = SPECS[slot.name].job_start  # the slot's own rules (the Linear's BLAS)
         diffs += found + (job_start(slot, current) if job_start is not None else [])
-        needs = [d for d in found if d.rule not in ("mode", "devices")]
-        missing += [slot] if needs else []
+        if any(d.rule not in ("mode", "devices") for d in found):
+            missing.append(slot)
         required += len(found) - (lock.mode == "inference")  # what the fix below covers
     graph = graph_attention.job_start_differences(lock.graph_attention, current)
     diffs = list(dict.fromkeys(diffs + graph))  # the lock's mode, said once
-    if diffs:
-        elsewhere = any(d.rule == "devices" for d in diffs)
-        fix = _training_fix(lock, len(diffs) > required, missing, elsewhere)
-        if graph:  # the graph-attention backend's own fix, beside the others'
-            others = fix or f"{_REPROBE} to write a lock for it"
-            fix = f"{others}; for [{graph_attention.TABLE}]: {graph_attention.FIX}"
-            fix = graph_attention.FIX if len(graph) == len(diffs) else fix
-        raise LockMismatch(diffs, path=lock.path, fix=fix)
-    return notes
+    if not diffs:
+        return notes
+    elsewhere = any(d.rule == "devices" for d in diffs)
+    fix = _training_fix(lock, len(diffs) > required, missing, elsewhere)
+    if graph:  # the graph-attention backend's own fix, beside the others'
+        others = fix or f"{_REPROBE} to write a lock for it"
+        fix = f"{others}; for [{graph_attention.TABLE}]: {graph_attention.FIX}"
+        fix = graph_attention.FIX if len(graph) == len(diffs) else fix
+    raise LockMismatch(diffs, path=lock.path, fix=fix)
 
 
 def _training_fix(
@@ -193,9 +189,8 @@ def _verify_inference(lock: LockDocument, current: Mapping[str, Any]) -> list[st
     # every twin judged as `rehash` judges it (other semantics or an unknown kwarg is refused)
     torch_version = str(current.get("torch") or "")
     for entry in lock.slots.values():
-        if entry.twin is not None:
+        if (twin := entry.twin) is not None:
             key = f"slots.{entry.name}.twin"
-            twin = entry.twin
             try:
                 static_problem(entry.name, twin.target, twin.kwargs, torch_version, lock.path, key)
             except KernelUnavailable:
@@ -240,11 +235,11 @@ def confirm_targets(
     """Raise what :func:`factory` would for a slot, decided without importing where
     possible; an undecidable target is imported in a child (``import_unknown``) or refused."""
     torch_version = str(current.get("torch") or "")
-    unknown: dict[str, str] = {}
-    for entry in lock.slots.values():
-        why = _static_problem(lock, entry, mode, current, torch_version)
-        if why is not None:
-            unknown[entry.name] = why
+    unknown = {
+        entry.name: why
+        for entry in lock.slots.values()
+        if (why := _static_problem(lock, entry, mode, current, torch_version)) is not None
+    }
     if not unknown:
         return
     if not import_unknown:
@@ -340,32 +335,29 @@ def resolve_slot(
     Training: the pinned implementation or :class:`KernelUnavailable`; inference: pinned where it
     runs here, else the verified twin, else :class:`KernelUnavailable` with both reasons."""
     locked = as_locked(lock, slot, mode)
-    mode, entry = locked.mode, lock.slots.get(slot) if lock is not None else None
+    entry, key = lock.slots.get(slot) if lock is not None else None, f"slots.{slot}"
     if lock is None or entry is None:
-        cls = build(slot, locked.target, {}, None, f"slots.{slot}") if import_classes else None
+        cls = build(slot, locked.target, {}, None, key) if import_classes else None
         return dataclasses.replace(locked, cls=cls)
-    key = f"slots.{slot}"
-
-    def pinned(cls: type | None = None) -> Resolution:
-        return dataclasses.replace(locked, cls=cls)
-
-    if mode == "training":
+    reason = None
+    if locked.mode == "training":
         _refuse_training(lock, entry)
-        if verify_environment and mode not in lock.verified_modes:
-            verify(lock, mode=mode)  # the whole fingerprint, once per lock
-            lock.verified_modes.add(mode)
-        return pinned(
-            build(slot, entry.target, entry.kwargs, lock, key) if import_classes else None
-        )
-    if current is None:
-        current = torchless.for_check(_INFERENCE_FACTS)
-    reason = unusable_reason(entry, current)
+        if verify_environment and "training" not in lock.verified_modes:
+            verify(lock, mode="training")  # the whole fingerprint, once per lock
+            lock.verified_modes.add("training")
+    else:
+        here = current if current is not None else torchless.for_check(_INFERENCE_FACTS)
+        reason = unusable_reason(entry, here)
     if reason is None:
         if not import_classes:
-            return pinned()
+            return locked
         try:
-            return pinned(build(slot, entry.target, entry.kwargs, lock, key))
+            return dataclasses.replace(
+                locked, cls=build(slot, entry.target, entry.kwargs, lock, key)
+            )
         except KernelUnavailable as exc:
+            if locked.mode == "training":
+                raise
             reason = exc.problem
     refusal = twin_refusal(entry)
     if refusal is not None:
@@ -373,7 +365,7 @@ def resolve_slot(
     twin = entry.twin
     assert twin is not None
     cls = build(slot, twin.target, twin.kwargs, lock, f"{key}.twin") if import_classes else None
-    substitute = functools.partial(Resolution, slot, mode, f"twin:{entry.implementation}")
+    substitute = functools.partial(Resolution, slot, locked.mode, f"twin:{entry.implementation}")
     return substitute(twin.target, twin.kwargs, cls, entry.implementation, reason, twin.max_error)
 
 
@@ -383,9 +375,9 @@ def _refuse_training(lock: LockDocument, entry: Slot) -> None:
     slot, what = entry.name, f"slot {entry.name}: {entry.implementation} ({entry.target})"
     here = torchless.for_check(_INFERENCE_FACTS) if entry.devices else {}
     problems = unusable(entry, here, "training", lock.mode)
-    first = problems[0] if problems else None
-    if first is None:
+    if not problems:
         return
+    first = problems[0]
     if first.rule == "mode":
         raise KernelUnavailable(
             f"slot {slot}: {lock.path or 'this lock'} is an inference lock (its substitutions are "

@@ -5,6 +5,7 @@ imported only where a call is routed (the caller holds a model)."""
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -131,21 +132,17 @@ class Leave:
         self.router.leave()
 
 
-_MODE: list[type] = []
-
-
+@functools.cache
 def _mode_class() -> type:
     """The TorchFunctionMode that hands every torch call to a router (made once, with torch)."""
-    if not _MODE:
-        from torch.overrides import TorchFunctionMode  # reason: torch only once a call routes
+    from torch.overrides import TorchFunctionMode  # reason: torch only once a call routes
 
-        class _RouteMode(TorchFunctionMode):
-            def __init__(self, router: Router):
-                super().__init__()
-                self.router = router
+    class _RouteMode(TorchFunctionMode):
+        def __init__(self, router: Router):
+            super().__init__()
+            self.router = router
 
-            def __torch_function__(self, func, types, args=(), kwargs=None):
-                return self.router.handle(func, args, kwargs or {})
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            return self.router.handle(func, args, kwargs or {})
 
-        _MODE.append(_RouteMode)
-    return _MODE[0]
+    return _RouteMode

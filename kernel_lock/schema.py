@@ -3,13 +3,12 @@ declare their TOML key, reader and omission, in canonical key order."""
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from functools import reduce
-from typing import Any, Literal, TypeVar, cast, get_args
+from typing import Any, Literal, TypeVar, get_args
 
 from .errors import LockFormatError, TargetNotAllowed
 from .fingerprint import FIELDS, Match
@@ -39,13 +38,14 @@ from .tables import (
     identifier,
     identifiers,
     join,
+    non_negative,
     one_of,
     plain,
     refuse_controls,
     strings,
     text,
     to_dict,
-    toml_key,
+    toml_field,
     type_name,
     value_problem,
 )
@@ -64,6 +64,7 @@ __all__ = [
     "Twin",
     "record",
     "required",
+    "sha256",
     "table",
     "tables",
 ]
@@ -162,19 +163,25 @@ def _kwargs(ctx: Context, d: Raw, key: str, _: Raw) -> dict[str, Any]:
         where = f"{key}.{name}"
         if not name.isidentifier() or not name.isascii():
             raise ReadError("a keyword argument name must be a Python identifier", where)
-        items = _listed(value)
-        if not all(isinstance(v, _SCALAR) for v in items):
+        if not all(isinstance(v, _SCALAR) for v in _listed(value)):
             raise ReadError(
                 "constructor kwargs must be strings, numbers, booleans or lists of them, got "
                 f"{type(value).__name__}",
                 where,
             )
-        for v in items:
+    return plain_values(values, key, "pin a finite value (e.g. eps = 1e-5)")
+
+
+def plain_values(values: Raw, key: str, fix: str) -> dict[str, Any]:
+    """``values``, each (or each item of a list) a finite number within 64 bits or a name (a
+    string without control characters: never a line of a rendered file)."""
+    for name, value in values.items():
+        for v in _listed(value):
             if isinstance(v, str):
-                refuse_controls(v, where)  # a backend's name: never a line of a rendered file
+                refuse_controls(v, f"{key}.{name}")
             problem = value_problem(v, finite=True)
             if problem:
-                raise ReadError(problem, where, fix="pin a finite value (e.g. eps = 1e-5)")
+                raise ReadError(problem, f"{key}.{name}", fix=fix)
     return dict(values)
 
 
@@ -242,11 +249,16 @@ def _module(ctx: Context, d: Raw, key: str, _: Raw) -> str:
     return module
 
 
-def _max_error(ctx: Context, d: Raw, key: str, _: Raw) -> float | None:
-    max_error = get(d, key, float)
-    if max_error is not None and (not math.isfinite(max_error) or max_error < 0):
-        raise ReadError("must be a non-negative finite number", key)
-    return cast("float | None", max_error)
+def sha256(*, required: bool = False) -> Callable[[Context, Raw, str, Raw], str]:
+    """A ``sha256:<64 hex digits>`` digest (``""`` when absent, unless ``required``)."""
+
+    def read(ctx: Context, d: Raw, key: str, _: Raw) -> str:
+        digest = get(d, key, str, default="")
+        if (digest or required) and not DIGEST.fullmatch(digest):
+            raise ReadError(f"{digest!r} is not 'sha256:<64 hex digits>'", key)
+        return str(digest)
+
+    return read
 
 
 def _records(ctx: Context, d: Raw, key: str, _: Raw) -> tuple[Raw, ...]:
@@ -269,21 +281,12 @@ def table(cls: type[_T]) -> Callable[[Context, Raw, str, Raw], _T | None]:
 
 
 # ---- the tables ----------------------------------------------------------------------------------
-def _env_value(ctx: Context, d: Raw, key: str, _: Raw) -> str | int:
-    value = get(d, key, (str, int))
-    if value is None:
-        raise ReadError("required key is missing", key)
-    return cast("str | int", value)
-
-
 @dataclass(frozen=True, kw_only=True, slots=True)
 class EnvField(Table):
     """One fingerprint field: the value seen when locking, and how strictly it must match."""
 
-    value: str | int = field(metadata=toml_key("value", _env_value))
-    match: Match = field(
-        default="exact", metadata=toml_key("match", one_of(MATCH_RULES, default="exact"))
-    )
+    value: str | int = toml_field("value", lambda ctx, d, k, _: get_required(d, k, (str, int)))
+    match: Match = toml_field("match", one_of(MATCH_RULES, default="exact"), "exact")
 
 
 def _env_field(ctx: Context, name: str, d: Any, typ: Any, problem: str | None = None) -> EnvField:
@@ -329,17 +332,15 @@ def _libraries(ctx: Context, d: Raw, key: str, _: Raw) -> dict[str, EnvField]:
 class Environment(Table):
     """The fingerprint: named fields, plus the versions of the libraries the chosen kernels need."""
 
-    fields: Mapping[str, EnvField] = field(
-        default_factory=dict, metadata=toml_key(REST, _env_fields, write=_env_fields_out)
+    fields: Mapping[str, EnvField] = toml_field(
+        REST, _env_fields, factory=dict, write=_env_fields_out
     )
-    libraries: Mapping[str, EnvField] = field(
-        default_factory=dict,
-        metadata=toml_key(
-            "libraries",
-            _libraries,
-            omit=EMPTY,
-            write=lambda libs: {k: libs[k].to_dict() for k in sorted(libs)},
-        ),
+    libraries: Mapping[str, EnvField] = toml_field(
+        "libraries",
+        _libraries,
+        factory=dict,
+        omit=EMPTY,
+        write=lambda libs: {k: libs[k].to_dict() for k in sorted(libs)},
     )
 
 
@@ -347,39 +348,32 @@ class Environment(Table):
 class Requirement(Table):
     """A distribution a slot needs: name, PEP 440 specifier, the module it provides."""
 
-    name: str = field(metadata=toml_key("name", identifier(required=True)))
-    specifier: str = field(default="", metadata=toml_key("specifier", _specifier))
-    module: str = field(default="", metadata=toml_key("module", _module, omit=EMPTY))
+    name: str = toml_field("name", identifier(required=True))
+    specifier: str = toml_field("specifier", _specifier, "")
+    module: str = toml_field("module", _module, "", omit=EMPTY)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Twin(Table):
     """The portable torch.nn equivalent used for inference where the training library is absent."""
 
-    target: str = field(metadata=toml_key("target", _target))
-    kwargs: Raw = field(
-        default_factory=dict, metadata=toml_key("kwargs", _kwargs, write=_written_kwargs)
+    target: str = toml_field("target", _target)
+    kwargs: Raw = toml_field("kwargs", _kwargs, factory=dict, write=_written_kwargs)
+    state_dict: StateDict = toml_field(
+        "state-dict", one_of(STATE_DICT, default="interchangeable"), "interchangeable"
     )
-    state_dict: StateDict = field(
-        default="interchangeable",
-        metadata=toml_key("state-dict", one_of(STATE_DICT, default="interchangeable")),
-    )
-    migration: tuple[str, ...] = field(
-        default=(), metadata=toml_key("migration", strings, omit=EMPTY)
-    )
-    max_error: float | None = field(
-        default=None, metadata=toml_key("max-error", _max_error, omit=NONE)
-    )
+    migration: tuple[str, ...] = toml_field("migration", strings, (), omit=EMPTY)
+    max_error: float | None = toml_field("max-error", non_negative, None, omit=NONE)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Candidate(Table):
     """A candidate considered for a slot and not chosen, with the verdict and its reasons."""
 
-    implementation: str = field(metadata=toml_key("implementation", identifier(required=True)))
-    target: str = field(default="", metadata=toml_key("target", text()))
-    status: Status = field(metadata=toml_key("status", one_of(STATUSES)))
-    reasons: tuple[str, ...] = field(default=(), metadata=toml_key("reasons", strings))
+    implementation: str = toml_field("implementation", identifier(required=True))
+    target: str = toml_field("target", text(), "")
+    status: Status = toml_field("status", one_of(STATUSES))
+    reasons: tuple[str, ...] = toml_field("reasons", strings, ())
 
 
 def _semantics(ctx: Context, d: Raw, key: str, so_far: Raw) -> str:
@@ -391,29 +385,19 @@ class Slot(Table):
     """What the lock pins for one slot; the slot's own keys are written after the key each names."""
 
     name: str  # the slot's table name, not a key inside it
-    implementation: str = field(metadata=toml_key("implementation", identifier(required=True)))
-    target: str = field(metadata=toml_key("target", _target))
-    semantics: str = field(metadata=toml_key("semantics", _semantics))
-    kwargs: Raw = field(
-        default_factory=dict, metadata=toml_key("kwargs", _kwargs, write=_written_kwargs)
-    )
-    requires: tuple[Requirement, ...] = field(
-        default=(), metadata=toml_key("requires", tables(Requirement))
-    )
-    devices: tuple[str, ...] = field(default=(), metadata=toml_key("devices", identifiers))
-    reason: str = field(default="", metadata=toml_key("reason", text()))
+    implementation: str = toml_field("implementation", identifier(required=True))
+    target: str = toml_field("target", _target)
+    semantics: str = toml_field("semantics", _semantics)
+    kwargs: Raw = toml_field("kwargs", _kwargs, factory=dict, write=_written_kwargs)
+    requires: tuple[Requirement, ...] = toml_field("requires", tables(Requirement), ())
+    devices: tuple[str, ...] = toml_field("devices", identifiers, ())
+    reason: str = toml_field("reason", text(), "")
     # what the implementation changes besides numbers, accepted explicitly
-    changes: tuple[str, ...] = field(
-        default=(), metadata=toml_key("accepted-changes", strings, omit=EMPTY)
-    )
-    twin: Twin | None = field(default=None, metadata=toml_key("twin", table(Twin), omit=NONE))
-    evidence: tuple[Raw, ...] = field(
-        default=(), metadata=toml_key("evidence", _records, omit=EMPTY)
-    )
-    timing: tuple[Raw, ...] = field(default=(), metadata=toml_key("timing", _records, omit=EMPTY))
-    rejected: tuple[Candidate, ...] = field(
-        default=(), metadata=toml_key("rejected", tables(Candidate), omit=EMPTY)
-    )
+    changes: tuple[str, ...] = toml_field("accepted-changes", strings, (), omit=EMPTY)
+    twin: Twin | None = toml_field("twin", table(Twin), None, omit=NONE)
+    evidence: tuple[Raw, ...] = toml_field("evidence", _records, (), omit=EMPTY)
+    timing: tuple[Raw, ...] = toml_field("timing", _records, (), omit=EMPTY)
+    rejected: tuple[Candidate, ...] = toml_field("rejected", tables(Candidate), (), omit=EMPTY)
     extra: Raw = field(default_factory=dict)  # the slot's own keys, by key
 
     def to_dict(self) -> dict[str, Any]:
@@ -436,11 +420,9 @@ def read_slot(ctx: Context, name: str, d: Any, spec: SlotSpec) -> Slot:
     slot = from_dict(Slot, ctx, d, known=[k.name for k in (*spec.keys, *others)], name=name)
     for k in others:
         k.refuse(name, d)
-    extra = {k.name: k.read(ctx, d, k.name) for k in spec.keys}
-    slot = replace(slot, extra={k: v for k, v in extra.items() if v is not None})
-    slot = replace(slot, kwargs=_nones(spec, slot.kwargs))
-    if slot.twin is not None:
-        slot = replace(slot, twin=replace(slot.twin, kwargs=_nones(spec, slot.twin.kwargs)))
+    extra = {k.name: v for k in spec.keys if (v := k.read(ctx, d, k.name)) is not None}
+    twin = slot.twin and replace(slot.twin, kwargs=_nones(spec, slot.twin.kwargs))
+    slot = replace(slot, extra=extra, kwargs=_nones(spec, slot.kwargs), twin=twin)
     if slot.semantics != spec.semantics:
         raise ReadError(
             f"slot {name} needs semantics {spec.semantics!r}, the lock pins {slot.semantics!r} "
@@ -449,19 +431,18 @@ def read_slot(ctx: Context, name: str, d: Any, spec: SlotSpec) -> Slot:
             fix=f"pin a {spec.semantics} implementation for {name}, or move this entry to the "
             "matching slot",
         )
-    _typed(spec, slot.kwargs, "kwargs")
-    if slot.twin is not None:
-        _typed(spec, slot.twin.kwargs, "twin.kwargs")
-    judged = [("target", slot.target, slot.kwargs, False)]
-    if slot.twin is not None:
-        judged.append(("twin.target", slot.twin.target, slot.twin.kwargs, True))
-    for at, target, kwargs, twin in judged:  # what it computes, told without importing
-        problem = computation_problem(slot, target, kwargs, twin=twin)
+    judged = [("", slot.target, slot.kwargs)] + (
+        [("twin.", twin.target, twin.kwargs)] if twin else []
+    )
+    for at, _, kwargs in judged:
+        _typed(spec, kwargs, f"{at}kwargs")
+    for at, target, kwargs in judged:  # what it computes, told without importing
+        problem = computation_problem(slot, target, kwargs, twin=bool(at))
         if problem:
             raise ReadError(
                 f"slot {name}: {problem}: the model's maths would change",
-                at,
-                fix=computation_fix(twin),
+                f"{at}target",
+                fix=computation_fix(bool(at)),
                 kind=TargetNotAllowed,
             )
     return slot

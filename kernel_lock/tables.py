@@ -14,11 +14,12 @@ fields' order is the canonical key order, so the bytes and the digest follow.
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import fields, is_dataclass
+from dataclasses import MISSING, field, fields, is_dataclass
 from typing import Any, TypeVar
 
 __all__ = [
@@ -27,6 +28,7 @@ __all__ = [
     "Raw",
     "ReadError",
     "Table",
+    "canonical",
     "context",
     "did_you_mean",
     "flag",
@@ -45,6 +47,7 @@ __all__ = [
     "identifiers",
     "join",
     "nearest",
+    "non_negative",
     "plain",
     "refuse_controls",
     "refuse_unknown",
@@ -52,6 +55,7 @@ __all__ = [
     "table_keys",
     "text",
     "to_dict",
+    "toml_field",
     "toml_key",
     "type_name",
     "unknown_keys",
@@ -322,6 +326,21 @@ def toml_key(
     return {"key": name, "read": read, "omit": omit, "write": write or plain}
 
 
+def toml_field(
+    name: str,
+    read: Reader,
+    default: Any = MISSING,
+    *,
+    factory: Any = MISSING,
+    omit: Callable[[Any], bool] | None = None,
+    write: Callable[[Any], Any] | None = None,
+) -> Any:
+    """A dataclass field read from and written to the TOML key ``name`` (:func:`toml_key`);
+    ``default`` or ``factory``: its value when the table has no such key."""
+    metadata = toml_key(name, read, omit=omit, write=write)
+    return field(default=default, default_factory=factory, metadata=metadata)
+
+
 def table_keys(cls: type) -> tuple[str, ...]:
     """The TOML keys of the table ``cls``, in canonical order."""
     return tuple(
@@ -364,6 +383,19 @@ def plain(value: Any) -> Any:
         return {k: plain(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [plain(v) for v in value]
+    return value
+
+
+def canonical(value: Any) -> str:
+    """The JSON a digest hashes: :func:`plain`, keys sorted, compact, ASCII."""
+    return json.dumps(plain(value), sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+
+
+def non_negative(ctx: Any, d: Raw, k: str, _: Raw) -> float | None:
+    """A non-negative finite number (None when absent)."""
+    value = get(d, k, float)
+    if value is not None and (not math.isfinite(value) or value < 0):
+        raise ReadError("must be a non-negative finite number", k)
     return value
 
 

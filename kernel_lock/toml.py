@@ -15,11 +15,7 @@ else:  # pragma: no cover - exercised on 3.10 only
     import tomli as tomllib
 
 TOMLDecodeError = tomllib.TOMLDecodeError
-
-
-def loads(text: str) -> dict[str, Any]:
-    """Parse TOML text."""
-    return tomllib.loads(text)
+loads = tomllib.loads  # TOML text -> dict
 
 
 def _tomli_w_value(value: Any) -> str:
