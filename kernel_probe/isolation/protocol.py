@@ -129,7 +129,8 @@ class ErrorStats(_Stats, total=False):
 
 
 class MeasurementRow(TypedDict, total=False):
-    """One (dtype, regime) of a check: ``measure.check`` writes it, ``judge.judge_row`` reads it."""
+    """One (dtype, regime) of a check: ``measure.check`` writes it, ``judge.judge_row`` reads it;
+    ``approx_*``: an Activation's errors against the function it computes, if not the declared."""
 
     dtype: str
     regime: str
@@ -144,7 +145,6 @@ class MeasurementRow(TypedDict, total=False):
     blocks: dict[str, dict[str, Any]]
     seconds: float
     twin: dict[str, Any]
-    # Activation: the errors against the function it computes where that is not the declared one
     approx_cases: dict[str, dict[str, list[float]]]
     approx_stats: dict[str, dict[str, ErrorStats]]
 
@@ -182,7 +182,9 @@ class ShapeCheck(TypedDict, total=False):
 
 
 class TimingRow(TypedDict, total=False):
-    """One shape of a timing (``timing.time_candidate``); ``error`` instead of the figures."""
+    """One shape of a timing (``timing.time_candidate``); ``error`` instead of the figures. The
+    probe adds, after the reply: the load seen meanwhile (max over the rounds) and per paired round
+    the default's block median and this candidate's, ms (``pairs``: repetitions.py)."""
 
     implementation: str
     shape: str
@@ -202,8 +204,6 @@ class TimingRow(TypedDict, total=False):
     peak_bytes: int  # Attention on a GPU: peak memory allocated by one fwd+bwd
     timed: str  # how the number of repetitions was decided (probe.repetitions)
     samples: list[float]  # the timed calls (s)
-    # the probe's, after the reply: the load seen meanwhile (max over the rounds), and per paired
-    # round the default's block median and this candidate's, ms (repetitions.py)
     load_average: float
     busy_processes: int
     gpu_processes: int  # on a GPU, where NVML can say
@@ -213,10 +213,11 @@ class TimingRow(TypedDict, total=False):
 # ---- the worker: replies -------------------------------------------------------------------------
 @dataclass(frozen=True, kw_only=True)
 class Reply(Message):
-    """What every worker reply carries besides its op's own fields."""
+    """What every worker reply carries: the torch functions replaced while it ran (refused), and
+    whether Triton ran in its interpreter (labelled, never timed or locked)."""
 
-    tampered: tuple[str, ...] = ()  # torch functions replaced while it ran: refused
-    interpreted: bool = False  # Triton ran in its interpreter: labelled, never timed or locked
+    tampered: tuple[str, ...] = ()
+    interpreted: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -283,15 +284,16 @@ class TimeReply(Reply):
 
 @dataclass(frozen=True, kw_only=True)
 class TimingProgressMessage(Message):
-    """Sent before a timing's reply: where it is, on one shape."""
+    """Sent before a timing's reply: on shape ``index`` of ``of``, ``done`` of ``total`` calls of
+    ``phase`` (first call, warm-up, rep), ``seconds`` spent on this shape so far."""
 
     shape: str
-    index: int  # of ``of`` shapes
+    index: int
     of: int
-    phase: str  # first call, warm-up, rep
-    done: int  # of ``total`` in this phase
+    phase: str
+    done: int
     total: int
-    seconds: float  # spent on this shape so far
+    seconds: float
 
 
 # ---- the worker: requests, one per op (``total=False``: the keys a request may leave out) -------

@@ -259,15 +259,7 @@ def plan(request: ProbeRequest, events: Events | None = None) -> Plan:
             "candidate whose kernels ran interpreted is labelled so, never timed and never written "
             "to the lock"
         )
-    check_forced(
-        request.pins,
-        request.prefers,
-        slots,
-        candidates,
-        device,
-        rules=rules,
-        with_compile=request.with_compile,
-    )
+    check_forced(request, slots, candidates, device, rules)
     kind = "cpu" if device["type"] == "cpu" else "gpu"
     if traced is not None:
         shapes, shapes_from = traced.shapes, f"model {request.model}"
@@ -452,18 +444,15 @@ def _apply_profile(
 
 
 def check_forced(
-    pins: Mapping[str, str],
-    prefers: Mapping[str, str],
+    request: ProbeRequest,
     slots: Sequence[str],
     candidates: Sequence[Candidate],
     device: Mapping[str, Any],
-    *,
-    rules: Mapping[str, SlotRule] | None = None,
-    with_compile: bool = False,
+    rules: Mapping[str, SlotRule],
 ) -> None:
     """Every --pin/--prefer checked before any work: the slot is probed, the id is its candidate,
     the profile allows it (exit 2), and it can run here as far as known unimported (exit 3)."""
-    for flag, forced in (("--pin", pins), ("--prefer", prefers)):
+    for flag, forced in (("--pin", request.pins), ("--prefer", request.prefers)):
         for slot, cid in forced.items():
             said = f"{flag} {slot}={cid}"
             if slot not in slots:
@@ -479,18 +468,17 @@ def check_forced(
                     fix=f"{near}use one of those ids, or offer your own class with --candidate "
                     f"{slot}=module.Class",
                 )
-            rule = (rules or {}).get(slot)
-            if rule is not None and rule.allowed is not None and rule.refuses(cid):
+            rule = rules[slot]
+            if rule.allowed is not None and rule.refuses(cid):
                 raise UsageError(
                     f"{said}: {rule.allowed_by} does not allow it for {slot} "
                     f"(allowed: {', '.join(rule.allowed) or 'none: allowed = []'})",
                     fix=f"drop {said}, or use a profile that allows it",
                 )
-            arch = device.get("arch") or ""
-            problem = static_problem(
-                offered[cid], slot, device["type"], arch, with_compile=with_compile
-            )
-            if problem:
+            arch, compiling = device.get("arch") or "", request.with_compile
+            if problem := static_problem(
+                offered[cid], slot, device["type"], arch, with_compile=compiling
+            ):
                 fix = f"drop {said}, or run on a machine where it can run"
                 fix = "add --with-compile" if problem.status == "skipped" else fix
                 raise ForcedUnusable(

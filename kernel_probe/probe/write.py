@@ -11,7 +11,8 @@ import os
 import stat
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
+from itertools import chain, count
 from pathlib import Path
 from typing import Any
 
@@ -239,14 +240,8 @@ def _rejection_reasons(report: Report, choice: Choice) -> list[str]:
     if ratio is None:  # the default itself, or no default to compare with
         return [f"accepted; {score:.2f}x the default's time ({over})"]
     said = f"accepted; {ratio.verdict}: {ratio.said()} against the default ({over})"
-    return [
-        said
-        + (
-            f", but {choice.report.id} was chosen ({choice.how})"
-            if ratio.verdict == "faster"
-            else ""
-        )
-    ]
+    but = f", but {choice.report.id} was chosen ({choice.how})" if ratio.verdict == "faster" else ""
+    return [said + but]
 
 
 def inputs_digest(inputs: Mapping[str, Any]) -> str:
@@ -335,15 +330,6 @@ def file_lock_path(path: Path) -> Path:
     return path.parent / f".{path.name}.lock"
 
 
-def _wait_reports() -> Iterator[float]:
-    """When a waiting probe says how long it has waited: 10 s, 30 s, 60 s, then every minute."""
-    yield from (10.0, 30.0)
-    at = 60.0
-    while True:
-        yield at
-        at += 60.0
-
-
 @contextmanager
 def exclusive(
     path: Path,
@@ -354,7 +340,8 @@ def exclusive(
 ) -> Iterator[bool]:
     """Hold a cross-process lock for ``path`` (``file_lock_path``); yields False where the file
     system has no file locks; one this user may not open is an error. While another holds it,
-    ``waiting`` is told so, then how long at each of ``reports`` (default ``_wait_reports``)."""
+    ``waiting`` is told so, then how long at each of ``reports`` (default: 10 s, 30 s, 60 s, then
+    every minute)."""
     from filelock import FileLock, Timeout  # a probe that writes: not the warm path
 
     lock_path = file_lock_path(path)
@@ -368,10 +355,8 @@ def exclusive(
         ) from None
     except PermissionError:
         owner = ""
-        try:
+        with suppress(OSError):
             owner = f" (owned by uid {os.stat(lock_path).st_uid}; you are uid {os.getuid()})"
-        except OSError:
-            pass
         raise UsageError(
             f"--out {path}: cannot open its lock file {lock_path}{owner}: permission denied, so "
             "concurrent probes of this lock could not be kept apart",
@@ -414,7 +399,7 @@ def _acquire(
         "lock if current"
     )
     start = time.monotonic()
-    for at in reports if reports is not None else _wait_reports():
+    for at in reports if reports is not None else chain((10.0, 30.0), count(60.0, 60.0)):
         left = timeout - (time.monotonic() - start)
         if left <= 0:
             raise Timeout(str(file_lock_path(path)))
