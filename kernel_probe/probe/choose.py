@@ -1,16 +1,7 @@
-"""Where a slot's implementation is chosen, from verdicts and timings.
-
-Eligible: candidates ``accepted`` and timed without error at every shape. Each other candidate's
-time ratio to the torch.nn default is the median of its paired rounds' ratios, with its interval
-(``repetitions.Ratio``: a round's ratio is the geometric mean over the shapes, or with a model's
-calls per shape the model's time in the slot). The default keeps the slot unless a candidate's
-whole interval is below ``1 / (1 + 5 %)``: then the lowest ratio of those wins (ties: declared
-first); one whose interval straddles that boundary is *undecided*, and the default is kept, said
-as such. ``--pin`` forces an accepted candidate; ``--prefer`` takes it when accepted and not
-decided slower beyond the margin; ``--deterministic`` keeps only bitwise repeatable ones; Triton
-kernels that ran interpreted are never eligible. A pinned or preferred candidate not eligible is
-an error.
-"""
+"""Where a slot's implementation is chosen, from verdicts and timings: the torch.nn default keeps
+the slot unless an eligible candidate's paired-rounds interval (``repetitions.Ratio``) is wholly
+below ``1 / (1 + 5 %)``; ``--pin``, ``--prefer`` and ``--deterministic`` as docs/probe.md (step 5,
+Choose) says. A pinned or preferred candidate not eligible is an error."""
 
 from __future__ import annotations
 

@@ -1,8 +1,6 @@
-"""A ``--model`` probe's last stage: the model-level check of the model against the lock it chose
-(``kernel_probe.model.check.check``, the model in its child), recorded in the lock's
-``[model.check]``. The chosen lock goes to a private temporary folder through the one safe writer;
-the lock at ``--out`` is written only after, with the outcome. A diverging check writes no lock
-(exit 3, naming the site and the phase): a lock that changes what the model computes is not kept."""
+"""A ``--model`` probe's last stage: the model checked with the lock it chose
+(``kernel_probe.model.check.check``), recorded in the lock's ``[model.check]``. A diverging check
+writes no lock (exit 3, naming the site and the phase)."""
 
 from __future__ import annotations
 

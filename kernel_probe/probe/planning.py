@@ -1,11 +1,7 @@
-"""What a probe request means on this machine, decided before any candidate runs.
-
-``plan`` refuses bad arguments (exit 2), a node the profile rules out (exit 4) and a pin that cannot
-run here (exit 3); it detects the device, applies the site profile, merges its per-slot policy with
-``--pin``/``--prefer`` into one :class:`SlotRule` per slot, gathers the candidates and fixes the
-shapes, precision, repetitions and the inputs' digest (by which a lock is reused). ``pipeline`` runs
-the :class:`Plan`. Nothing here prints: what a person should see goes to :class:`Events`.
-"""
+"""What a probe request means on this machine, decided before any candidate runs: ``plan``
+refuses bad arguments (exit 2), a node the profile rules out (exit 4) and a pin that cannot run
+here (exit 3), and fixes the :class:`Plan` that ``pipeline`` runs. Nothing here prints: what a
+person should see goes to :class:`Events`."""
 
 from __future__ import annotations
 
@@ -104,13 +100,11 @@ class SlotRule:
 
     def choice_options(self) -> dict[str, Any]:
         """The keyword arguments ``choose.choose`` takes from this rule."""
-        options: dict[str, Any] = {
-            "pin": self.pin,
-            "prefer": self.prefer[0] if self.prefer else None,
-        }
         if self.origin:
-            options.update(prefer=list(self.prefer), origin=self.origin, strict_prefer=False)
-        return options
+            return dict(
+                pin=self.pin, prefer=list(self.prefer), origin=self.origin, strict_prefer=False
+            )
+        return {"pin": self.pin, "prefer": self.prefer[0] if self.prefer else None}
 
 
 def slot_rules(
@@ -132,9 +126,9 @@ def slot_rules(
             prefer = prefers.get(slot)
             rules[slot] = rule(pin=pins.get(slot), prefer=(prefer,) if prefer else ())
         else:
-            prefer_all = tuple(policy.preferred)
+            preferred = tuple(policy.preferred)
             rules[slot] = rule(
-                pin=policy.pin, prefer=prefer_all, origin=allowed_by, strict_prefer=False
+                pin=policy.pin, prefer=preferred, origin=allowed_by, strict_prefer=False
             )
     return rules
 
@@ -318,8 +312,6 @@ def _per_slot(
         inputs.update(behaviour[name].inputs(declared[name], kind))
     canonical = {n: b.canonical(declared[n], kind) for n, b in behaviour.items()}
     timed_at = {n: b.shapes(declared[n], kind, own.get(n, shapes)) for n, b in behaviour.items()}
-    if traced is not None:
-        canonical, timed_at = traced.canonical, traced.timed_at
     return {
         "canonical": {n: c for n, c in canonical.items() if c},
         "timed_at": timed_at,

@@ -1,12 +1,7 @@
-"""What a lock was probed for, and the one comparison of two such records: ``--check`` compares a
-lock with this run's plan (``pipeline.reusable``), ``kernel-probe diff`` two locks
-(``derive.lock_differences``); both call :func:`differences`, so they cannot drift.
-
-A lock was probed for a model (its ``[model]`` trace), under a profile, with options (the inputs
-digest and ``provenance.options``: shapes, the attention geometry, precision, candidates, pins...)
-and with some registry libraries installed (``provenance.libraries``). The machine is compared
-apart: ``verify`` against this machine, ``lock_differences`` between two fingerprints.
-"""
+"""What a lock was probed for (model, profile, options, registry libraries), and the one
+comparison of two such records, :func:`differences`: ``--check`` (``pipeline.reusable``) and
+``kernel-probe diff`` (``derive.lock_differences``) both call it, so they cannot drift. The machine
+is compared apart (``verify``, ``lock_differences``)."""
 
 from __future__ import annotations
 

@@ -1,11 +1,7 @@
-"""Timing, in the worker: forward+backward of one candidate at the model's shapes.
-
-Every slot's clock and repetitions (``repeat``, ``step_rows``): CUDA events on a GPU, perf_counter
-on a CPU; the first call (Triton JIT, torch.compile) timed apart (``compile_s``). The norms' and
-Linear's (``time_candidate``) rotate inputs through buffers exceeding twice the L2 cache, use the
-checks' non-trivial parameters, check the last warm-up call at that shape against float64
-(``atshape``), and report bandwidth against a device-to-device copy in the same process.
-"""
+"""Timing, in the worker: forward+backward of one candidate at the model's shapes, by CUDA events
+on a GPU and perf_counter on a CPU, the first call timed apart (``compile_s``). ``time_candidate``
+(the norms', Linear's) rotates inputs past twice the L2 cache, checks at the shape (``atshape``) and
+reports bandwidth against a device-to-device copy."""
 
 from __future__ import annotations
 
