@@ -59,8 +59,8 @@ def now() -> str:
     return stamp.isoformat().replace("+00:00", "Z")
 
 
-def _round(x: float | None, digits: int = 4) -> float | None:
-    return None if x is None else float(f"{x:.{digits}g}")
+def _round(x: float | None, digits: int | None = 4) -> float | None:
+    return x if x is None or digits is None else float(f"{x:.{digits}g}")
 
 
 def _evidence(report: Report) -> list[dict[str, Any]]:
@@ -108,9 +108,7 @@ def _timing(rows: list[Mapping[str, Any]]) -> list[dict[str, Any]]:
             row.update({k.replace("_", "-"): _round(r[k], d) for k, d in _TIMED.items()})
             for key, digits in _IF_TIMED.items():
                 if key in r:
-                    row[key.replace("_", "-")] = (
-                        r[key] if digits is None else _round(r[key], digits)
-                    )
+                    row[key.replace("_", "-")] = _round(r[key], digits)
             if "peak_bytes" in r:  # Attention on a GPU: peak memory of one fwd+bwd
                 row["peak-bytes"] = int(r["peak_bytes"])
             row.update(_paired(r))
@@ -155,8 +153,7 @@ def build_lock(
     }
     chosen = [c.report.candidate for c in choices.values() if c.report.candidate is not None]
     distributions = sorted({c.distribution for c in chosen if c.distribution})
-    versions = library_versions(distributions)
-    libraries = {name: v for name, v in versions.items() if v is not None}
+    libraries = {n: v for n, v in library_versions(distributions).items() if v is not None}
     lock = KernelLock(
         created_by=f"kernel-probe {__version__}",
         created_at=now(),
