@@ -129,8 +129,7 @@ class ErrorStats(_Stats, total=False):
 
 
 class MeasurementRow(TypedDict, total=False):
-    """One (dtype, regime) of a check: ``measure.check`` writes it, ``judge.judge_row`` reads it;
-    ``approx_*``: an Activation's errors against the function it computes, if not the declared."""
+    """One (dtype, regime) of a check: ``measure.check`` writes it, ``judge.judge_row`` reads it."""
 
     dtype: str
     regime: str
@@ -145,6 +144,7 @@ class MeasurementRow(TypedDict, total=False):
     blocks: dict[str, dict[str, Any]]
     seconds: float
     twin: dict[str, Any]
+    # Activation: the errors against the function it computes where that is not the declared one
     approx_cases: dict[str, dict[str, list[float]]]
     approx_stats: dict[str, dict[str, ErrorStats]]
 
@@ -182,9 +182,7 @@ class ShapeCheck(TypedDict, total=False):
 
 
 class TimingRow(TypedDict, total=False):
-    """One shape of a timing (``timing.time_candidate``); ``error`` instead of the figures. The
-    probe adds, after the reply: the load seen meanwhile (max over the rounds) and per paired round
-    the default's block median and this candidate's, ms (``pairs``: repetitions.py)."""
+    """One shape of a timing (``timing.time_candidate``); ``error`` instead of the figures."""
 
     implementation: str
     shape: str
@@ -204,6 +202,8 @@ class TimingRow(TypedDict, total=False):
     peak_bytes: int  # Attention on a GPU: peak memory allocated by one fwd+bwd
     timed: str  # how the number of repetitions was decided (probe.repetitions)
     samples: list[float]  # the timed calls (s)
+    # the probe's, after the reply: the load seen meanwhile (max over the rounds), and per paired
+    # round the default's block median and this candidate's, ms (repetitions.py)
     load_average: float
     busy_processes: int
     gpu_processes: int  # on a GPU, where NVML can say
@@ -213,11 +213,10 @@ class TimingRow(TypedDict, total=False):
 # ---- the worker: replies -------------------------------------------------------------------------
 @dataclass(frozen=True, kw_only=True)
 class Reply(Message):
-    """What every worker reply carries: the torch functions replaced while it ran (refused), and
-    whether Triton ran in its interpreter (labelled, never timed or locked)."""
+    """What every worker reply carries besides its op's own fields."""
 
-    tampered: tuple[str, ...] = ()
-    interpreted: bool = False
+    tampered: tuple[str, ...] = ()  # torch functions replaced while it ran: refused
+    interpreted: bool = False  # Triton ran in its interpreter: labelled, never timed or locked
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -284,16 +283,15 @@ class TimeReply(Reply):
 
 @dataclass(frozen=True, kw_only=True)
 class TimingProgressMessage(Message):
-    """Sent before a timing's reply: on shape ``index`` of ``of``, ``done`` of ``total`` calls of
-    ``phase`` (first call, warm-up, rep), ``seconds`` spent on this shape so far."""
+    """Sent before a timing's reply: where it is, on one shape."""
 
     shape: str
-    index: int
+    index: int  # of ``of`` shapes
     of: int
-    phase: str
-    done: int
+    phase: str  # first call, warm-up, rep
+    done: int  # of ``total`` in this phase
     total: int
-    seconds: float
+    seconds: float  # spent on this shape so far
 
 
 # ---- the worker: requests, one per op (``total=False``: the keys a request may leave out) -------
