@@ -1,11 +1,9 @@
 """The one way the probe starts a child process: a fresh interpreter that cannot hurt the caller.
 
-Every child runs ``BOOT`` through the one launcher, ``kernel_lock.launch`` (``python -I``, never
-the working directory on ``sys.path``; the worker finds a local ``--candidate``'s module alone).
-``BOOT`` dies with its parent, may leave a reaper that kills its process group, caps its address
-space if asked, then calls ``function(payload)`` once (:func:`run_function`: payload, answer and
-output are files, so a forked grandchild cannot block the caller) or serves (:func:`spawn`).
-"""
+Every child runs ``BOOT`` through the one launcher, ``kernel_lock.launch``: it dies with its parent,
+may leave a reaper that kills its process group, then calls ``function(payload)`` once
+(:func:`run_function`: payload, answer and output are files, so a forked grandchild cannot block the
+caller) or serves (:func:`spawn`)."""
 
 from __future__ import annotations
 
@@ -215,9 +213,8 @@ def run_function(
 ) -> ChildResult:
     """``module.function(payload)`` (JSON in and out) in a child, within ``timeout`` seconds; never
     raises for the child's sake (a MemoryError it raises is its answer); ``source``: code defining
-    ``function``, run instead of ``module``;
-    ``teardown``: the child exits normally after answering (a crash at exit shows in
-    ``returncode``); ``started`` receives its Popen as soon as it runs."""
+    ``function``, run instead of ``module``; ``teardown``: the child exits normally after answering
+    (a crash at exit shows in ``returncode``); ``started`` receives its Popen as soon as it runs."""
     payload = payload.to_json() if hasattr(payload, "to_json") else payload
     begun = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="kernel-probe-child-") as tmp:

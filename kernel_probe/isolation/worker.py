@@ -1,11 +1,9 @@
 """The worker that candidates are imported and run in: a ``child.spawn`` process group.
 
 A candidate that segfaults, aborts, hangs, forks or runs out of memory costs only its worker: the
-caller gets ``WorkerDied`` (``crashed`` / ``timeout``, with stderr's tail), the next call a fresh
-worker. Replies are read with ``select`` against a deadline (never blocked on a pipe a grandchild
-holds); the worker's stdout goes to stderr, so a library that prints cannot corrupt the protocol;
-it reports the torch functions of the reference and baseline (``TORCH_SURFACE``) a candidate
-replaced."""
+caller gets ``WorkerDied`` (with stderr's tail), the next call a fresh worker. Replies are read with
+``select`` against a deadline; the worker's stdout goes to stderr (a library that prints cannot
+corrupt the protocol); it reports the torch functions (``TORCH_SURFACE``) a candidate replaced."""
 
 from __future__ import annotations
 
@@ -80,8 +78,7 @@ class WorkerDied(Exception):
 
 
 def _spawn(env: Mapping[str, str], local: Sequence[str] = ()) -> Spawned:
-    """A worker process (``local``: the modules of ``--candidate``s it finds in the working
-    directory, nothing else there), already asked to start up (its ping not yet read)."""
+    """A worker process, already asked to start up (its ping not yet read)."""
     stderr = tempfile.TemporaryFile(mode="w+b")  # noqa: SIM115 (open for the worker's life)
     pipes: dict[str, Any] = dict(
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr, bufsize=0
@@ -121,7 +118,10 @@ class Worker:
         self._ping_unread = False  # its start-up ping is still to be read
         self._ahead: Request | None = None  # written by send_ahead, its reply still to be read
 
-    def _launch(self) -> None:
+    def _relaunch(self, needed: bool) -> None:
+        if not needed:
+            return
+        self.close()
         spawned = self._spare() if self._spare is not None else None
         self._proc, self._stderr = spawned or _spawn(self._env, self._local)
         self._buffer, self._mark, self._ping_unread = b"", 0, True
@@ -132,16 +132,14 @@ class Worker:
         the same request reads its reply (a different call reads and drops it first)."""
         if self._ahead is not None:
             return
-        if self._proc is None or self._proc.poll() is not None:
-            self.close()
-            self._launch()
+        self._relaunch(self._proc is None or self._proc.poll() is not None)
         assert self._proc is not None
         _write(self._proc, request)
         self._ahead = dict(request)  # type: ignore[assignment]
 
     def hang_up(self) -> None:
-        """Close the worker's stdin (it leaves its loop) without waiting: a pool hangs up on all of
-        its workers first, so their interpreters exit side by side."""
+        """Close the worker's stdin (it leaves its loop) without waiting (a pool's workers then exit
+        side by side)."""
         if self._proc is not None and self._proc.stdin is not None:
             with contextlib.suppress(OSError):
                 self._proc.stdin.close()
@@ -174,11 +172,8 @@ class Worker:
     ) -> Any:
         """``request``'s reply (``REPLIES``), ``on_progress`` given each progress message before it,
         within ``timeout``; WorkerDied on crash or timeout (the next call gets a fresh worker)."""
-        if self._proc is None or (
-            self._proc.poll() is not None and not self._ping_unread and self._ahead is None
-        ):
-            self.close()
-            self._launch()
+        owed = self._ping_unread or self._ahead is not None  # a reply is owed: read it first
+        self._relaunch(self._proc is None or (self._proc.poll() is not None and not owed))
         if self._ping_unread:
             self._ping_unread = False
             self._read(REPLIES["ping"], START_TIMEOUT)  # the ping sent at spawn time
@@ -236,8 +231,9 @@ class Worker:
                 if line is None:
                     last = f"; last output: {tail[-300:]}" if tail else ""
                     raise WorkerDied("timeout", f"no answer within {timeout:g} s (killed){last}")
-                how = f"exited with status {code}"
-                how = f"killed by {signal_name(-code)}" if code < 0 else how
+                how = (
+                    f"killed by {signal_name(-code)}" if code < 0 else f"exited with status {code}"
+                )
                 last = f"; stderr: {tail[-600:]}" if tail else ""
                 raise WorkerDied("crashed", f"the worker process {how}{last}")
             data = json.loads(line)

@@ -1,16 +1,7 @@
-"""Where a slot's implementation is chosen, from verdicts and timings.
-
-Eligible: candidates ``accepted`` and timed without error at every shape. Each other candidate's
-time ratio to the torch.nn default is the median of its paired rounds' ratios, with its interval
-(``repetitions.Ratio``: a round's ratio is the geometric mean over the shapes, or with a model's
-calls per shape the model's time in the slot). The default keeps the slot unless a candidate's
-whole interval is below ``1 / (1 + 5 %)``: then the lowest ratio of those wins (ties: declared
-first); one whose interval straddles that boundary is *undecided*, and the default is kept, said
-as such. ``--pin`` forces an accepted candidate; ``--prefer`` takes it when accepted and not
-decided slower beyond the margin; ``--deterministic`` keeps only bitwise repeatable ones; Triton
-kernels that ran interpreted are never eligible. A pinned or preferred candidate not eligible is
-an error.
-"""
+"""Where a slot's implementation is chosen, from verdicts and timings: the torch.nn default keeps
+the slot unless an eligible candidate's paired-rounds interval (``repetitions.Ratio``) is wholly
+below ``1 / (1 + 5 %)``; ``--pin``, ``--prefer`` and ``--deterministic`` as docs/probe.md (step 5,
+Choose) says. A pinned or preferred candidate not eligible is an error."""
 
 from __future__ import annotations
 
@@ -89,11 +80,6 @@ def _why_none(reports: Sequence[Report], timings: Mapping[str, Rows]) -> str:
     return "; ".join(said) or "no candidate"
 
 
-def _ratios(rows: Rows, base_rows: Rows, shapes: Sequence[str]) -> dict[str, float]:
-    by, base = {r["shape"]: r for r in rows}, {r["shape"]: r for r in base_rows}
-    return {s: by[s]["median_ms"] / base[s]["median_ms"] for s in shapes}
-
-
 def _score(rows: Rows, base_rows: Rows, shapes: Sequence[str], weights: Weights = None) -> float:
     """The ratio of the medians to the default's: with ``weights`` (a model's calls per shape), of
     the model's time in the slot, sum(calls x median); else the geometric mean over the shapes."""
@@ -101,7 +87,7 @@ def _score(rows: Rows, base_rows: Rows, shapes: Sequence[str], weights: Weights 
     if weights:
         total = sum(weights.get(s, 0) * by[s]["median_ms"] for s in shapes)
         return total / sum(weights.get(s, 0) * base[s]["median_ms"] for s in shapes)
-    logs = [math.log(r) for r in _ratios(rows, base_rows, shapes).values()]
+    logs = [math.log(by[s]["median_ms"] / base[s]["median_ms"]) for s in shapes]
     return math.exp(sum(logs) / len(logs))
 
 
@@ -131,29 +117,6 @@ def choose(
     first within the margin wins); ``strict_prefer``: one not accepted is an error; ``origin``:
     where a pin or preference came from ("profile lumi-g"; "": the command line); ``weights``: a
     model's calls per forward at each shape (the score is then the model's time in the slot)."""
-    choice = _choose(
-        slot, reports, timings, shapes, dtype, default_id, pin, prefer, origin, strict_prefer,
-        deterministic, weights,
-    )  # fmt: skip
-    choice.weighted = bool(weights) and bool(choice.scores)
-    return choice
-
-
-def _choose(
-    slot: str,
-    reports: list[Report],
-    timings: Mapping[str, list[Mapping[str, Any]]],
-    shapes: list[str],
-    dtype: str,
-    default_id: str,
-    pin: str | None,
-    prefer: str | Sequence[str] | None,
-    origin: str,
-    strict_prefer: bool,
-    deterministic: bool,
-    weights: Weights,
-) -> Choice:
-    """``choose``'s rule."""
     by_id = {r.id: r for r in reports}
     prefers = [prefer] if isinstance(prefer, str) else list(prefer or ())
     forced = [(pin, "pin")] + ([(p, "prefer") for p in prefers] if strict_prefer else [])
@@ -178,22 +141,10 @@ def _choose(
         )
     default = next((r for r in eligible if r.id == default_id), None)
     if default is None:  # torch.nn itself failed here (or is not deterministic): say so
-        base = eligible[0]
-        best = min(
-            eligible,
-            key=lambda r: (
-                _score(timings[r.id], timings[base.id], shapes, weights),
-                eligible.index(r),
-            ),
-        )
-        default_was = any(r.id == default_id and r.status == "accepted" for r in reports)
         why = "not accepted here"
-        why = "not deterministic here (--deterministic)" if deterministic and default_was else why
-        reason = f"{best.id} fastest accepted candidate; the default {default_id} was {why}"
-        if len(eligible) == 1:
-            reason = f"{best.id} the only candidate accepted and timed; the default {default_id} "
-            reason += f"was {why}: nothing was compared"
-        return Choice(slot, best, "fastest", reason)
+        if deterministic and any(r.id == default_id and r.status == "accepted" for r in reports):
+            why = "not deterministic here (--deterministic)"
+        return _without_default(slot, eligible, timings, shapes, weights, f"{default_id} was {why}")
     scored = {
         r.id: _ratio(timings[r.id], timings[default.id], shapes, weights)
         for r in eligible
@@ -201,17 +152,36 @@ def _choose(
     }
     scores = {r.id: scored[r.id].ratio if r is not default else 1.0 for r in eligible}
     for cid in prefers:
+        said = f"{cid} preferred by {origin or '--prefer'}"
         if cid == default.id:
-            said = f"{cid} preferred by {origin or '--prefer'}"
-            return Choice(slot, default, "preferred", said, scores, ratios=scored)
+            return Choice(slot, default, "preferred", said, scores, bool(weights), scored)
         if cid in scored and acceptable(scored[cid]):
-            said = f"{cid} preferred by {origin or '--prefer'} (not slower than the default "
-            said += f"beyond the margin: {scored[cid].said()})"
-            return Choice(slot, by_id[cid], "preferred", said, scores, ratios=scored)
-    over = _over(shapes, dtype, weights)
-    return _fastest_or_default(
-        slot, reports, eligible, default, timings, shapes, dtype, scored, over
+            said += f" (not slower than the default beyond the margin: {scored[cid].said()})"
+            return Choice(slot, by_id[cid], "preferred", said, scores, bool(weights), scored)
+    choice = _fastest_or_default(
+        slot, reports, eligible, default, scored, _over(shapes, dtype, weights)
     )
+    choice.weighted = bool(weights) and bool(choice.scores)
+    return choice
+
+
+def _without_default(
+    slot: str,
+    eligible: list[Report],
+    timings: Mapping[str, Rows],
+    shapes: list[str],
+    weights: Weights,
+    why: str,
+) -> Choice:
+    """The fastest eligible candidate (by the medians) where the default is not eligible."""
+    base = timings[eligible[0].id]
+    best = min(
+        eligible, key=lambda r: (_score(timings[r.id], base, shapes, weights), eligible.index(r))
+    )
+    if len(eligible) == 1:
+        why = f"the only candidate accepted and timed; the default {why}: nothing was compared"
+        return Choice(slot, best, "fastest", f"{best.id} {why}")
+    return Choice(slot, best, "fastest", f"{best.id} fastest accepted candidate; the default {why}")
 
 
 def _over(shapes: Sequence[str], dtype: str, weights: Weights) -> str:
@@ -262,9 +232,6 @@ def _fastest_or_default(
     reports: Sequence[Report],
     eligible: list[Report],
     default: Report,
-    timings: Mapping[str, Rows],
-    shapes: list[str],
-    dtype: str,
     scored: Mapping[str, Ratio],
     over: str,
 ) -> Choice:

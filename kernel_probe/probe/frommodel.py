@@ -1,10 +1,6 @@
-"""A probe for a model (``--model SPEC``): its trace, read slot by slot into what planning needs.
-
-The trace (``kernel_probe.model.trace``: the user's code runs in a child, never here) lists every
-call site of every slot; each slot turns its own sites into the semantics to check, the shapes to
-time at and their calls per forward (``Slot.use``). A slot the model does not call is not probed;
-a site whose semantics are not the slot's most-called ones is not covered, and named. No torch.
-"""
+"""A probe for a model (``--model SPEC``): its trace (``kernel_probe.model.trace``, run in a child)
+read slot by slot (``Slot.use``) into what planning needs; a site a slot cannot cover is named. No
+torch."""
 
 from __future__ import annotations
 
@@ -97,21 +93,17 @@ class Traced:
             dict.fromkeys(s for n in self.slots if n not in own for s in self.uses[n].shapes)
         )
 
-    @property
-    def canonical(self) -> dict[str, dict[str, Any]]:
-        """Per slot probed, the semantics checked and pinned."""
-        return {name: dict(self.uses[name].canonical) for name in self.slots}
-
-    @property
-    def timed_at(self) -> dict[str, tuple[str, ...]]:
-        """Per slot probed, its shapes."""
-        return {name: self.uses[name].shapes for name in self.slots}
-
     def plan_fields(self) -> dict[str, Any]:
-        """What the plan records of the trace: the model, each slot's weights (shape -> calls per
-        forward), and the sites not covered."""
-        weights = {name: dict(self.uses[name].weights) for name in self.slots}
-        return {"model": self.model, "weights": weights, "not_covered": self.not_covered}
+        """The plan's fields from the trace: the model, per slot probed the semantics checked and
+        pinned, its shapes and weights (shape -> calls per forward), and the sites not covered."""
+        uses = {name: self.uses[name] for name in self.slots}
+        return {
+            "model": self.model,
+            "canonical": {name: dict(u.canonical) for name, u in uses.items() if u.canonical},
+            "timed_at": {name: u.shapes for name, u in uses.items()},
+            "weights": {name: dict(u.weights) for name, u in uses.items()},
+            "not_covered": self.not_covered,
+        }
 
     @property
     def not_covered(self) -> tuple[str, ...]:

@@ -1,8 +1,6 @@
-"""A ``--model`` probe's last stage: the model-level check of the model against the lock it chose
-(``kernel_probe.model.check.check``, the model in its child), recorded in the lock's
-``[model.check]``. The chosen lock goes to a private temporary folder through the one safe writer;
-the lock at ``--out`` is written only after, with the outcome. A diverging check writes no lock
-(exit 3, naming the site and the phase): a lock that changes what the model computes is not kept."""
+"""A ``--model`` probe's last stage: the model checked with the lock it chose
+(``kernel_probe.model.check.check``), recorded in the lock's ``[model.check]``. A diverging check
+writes no lock (exit 3, naming the site and the phase)."""
 
 from __future__ import annotations
 
@@ -81,17 +79,15 @@ def checked(
     if result is not None:
         outcome = recorded(result)
         if outcome.verdict == "diverging":
-            raise _diverges(spec, outcome, result.first or {})
+            first = result.first or {}
+            gap = f"{_g(first.get('difference'))}, tolerance {_g(first.get('tolerance'))}"
+            raise ModelDiverges(
+                f"--model {spec}: the chosen lock changes what the model computes: {outcome.first} "
+                f"diverges (phase {outcome.phase!r}: differs by {gap}); no lock written",
+                fix="drop the --pin/--prefer or --candidate that chose it (`kernel-probe "
+                f"check-model SPEC --lock L` shows the check), or pass {FLAG} to write the lock "
+                "unchecked",
+            )
         note(outcome.line())
     model = dataclasses.replace(lock.model, check=outcome)
     return dataclasses.replace(lock, model=model).sealed()
-
-
-def _diverges(spec: str, outcome: Checked, first: dict[str, object]) -> ModelDiverges:
-    gap = f"differs by {_g(first.get('difference'))}, tolerance {_g(first.get('tolerance'))}"
-    return ModelDiverges(
-        f"--model {spec}: the chosen lock changes what the model computes: {outcome.first} "
-        f"diverges (phase {outcome.phase!r}: {gap}); no lock written",
-        fix="drop the --pin/--prefer or --candidate that chose it (`kernel-probe check-model "
-        f"SPEC --lock L` shows the check), or pass {FLAG} to write the lock unchecked",
-    )

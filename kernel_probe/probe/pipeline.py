@@ -1,10 +1,7 @@
-"""The probe as a library: a planned request in, a typed result out.
-
-``probe_or_reuse`` reuses the lock if it answers the plan (``planning``), else checks every
-candidate in an isolated worker, times the accepted ones, chooses per slot and writes the lock under
-a file lock. It knows nothing of ranks (``kernel_probe.jobstart``) and prints nothing: what a person
-should see goes to :class:`Events`, every failure they can act on is a ``LockError``.
-"""
+"""The probe as a library: ``probe_or_reuse`` reuses the lock if it answers the plan, else checks
+every candidate in an isolated worker, times the accepted ones, chooses per slot and writes the lock
+under a file lock. It prints nothing (:class:`Events`); a failure a person can act on is a
+``LockError``."""
 
 from __future__ import annotations
 
@@ -115,8 +112,8 @@ def probe_or_reuse(
     # a symbolic link is written through; write access is needed only once a probe will run
     out = given if request.check_only else resolve_out(given)
 
-    def current() -> tuple[kernel_lock.KernelLock | None, str]:
-        return reusable(
+    def current() -> tuple[ProbeResult | None, str]:
+        lock, why = reusable(
             out,
             p.digest,
             p.trust,
@@ -126,14 +123,15 @@ def probe_or_reuse(
             judged=p.library_candidates,
             model=p.model,
         )
+        seconds = time.perf_counter() - t_start
+        return (ProbeResult(out, lock, True, p, seconds=seconds) if lock is not None else None), why
 
     if not request.force:
-        lock, why = current()
-        if lock is not None:
-            return ProbeResult(out, lock, True, p, seconds=time.perf_counter() - t_start)
+        if (reused := current())[0] is not None:
+            return reused[0]
         if request.check_only:
             raise StaleLock(
-                f"{out} is stale or missing: {why}",
+                f"{out} is stale or missing: {reused[1]}",
                 fix="run `kernel-probe` (without --check) to probe and write it",
             )
     check_writable(out)
@@ -148,10 +146,9 @@ def probe_or_reuse(
             )
         replaced = f"{out}: probing again to replace it (--force)"
         if not request.force:  # another rank may have written it while we waited
-            lock, why = current()
-            if lock is not None:
-                return ProbeResult(out, lock, True, p, seconds=time.perf_counter() - t_start)
-            replaced = f"{out} is stale, probing again to replace it: {why}"
+            if (reused := current())[0] is not None:
+                return reused[0]
+            replaced = f"{out} is stale, probing again to replace it: {reused[1]}"
         replaced = replaced if out.exists() else ""
         if replaced:  # in one line, as --check says why it is stale
             events.note(replaced)

@@ -1,11 +1,7 @@
-"""What a probe request means on this machine, decided before any candidate runs.
-
-``plan`` refuses bad arguments (exit 2), a node the profile rules out (exit 4) and a pin that cannot
-run here (exit 3); it detects the device, applies the site profile, merges its per-slot policy with
-``--pin``/``--prefer`` into one :class:`SlotRule` per slot, gathers the candidates and fixes the
-shapes, precision, repetitions and the inputs' digest (by which a lock is reused). ``pipeline`` runs
-the :class:`Plan`. Nothing here prints: what a person should see goes to :class:`Events`.
-"""
+"""What a probe request means on this machine, decided before any candidate runs: ``plan``
+refuses bad arguments (exit 2), a node the profile rules out (exit 4) and a pin that cannot run
+here (exit 3), and fixes the :class:`Plan` that ``pipeline`` runs. Nothing here prints: what a
+person should see goes to :class:`Events`."""
 
 from __future__ import annotations
 
@@ -104,13 +100,11 @@ class SlotRule:
 
     def choice_options(self) -> dict[str, Any]:
         """The keyword arguments ``choose.choose`` takes from this rule."""
-        options: dict[str, Any] = {
-            "pin": self.pin,
-            "prefer": self.prefer[0] if self.prefer else None,
-        }
         if self.origin:
-            options.update(prefer=list(self.prefer), origin=self.origin, strict_prefer=False)
-        return options
+            return dict(
+                pin=self.pin, prefer=list(self.prefer), origin=self.origin, strict_prefer=False
+            )
+        return {"pin": self.pin, "prefer": self.prefer[0] if self.prefer else None}
 
 
 def slot_rules(
@@ -132,9 +126,9 @@ def slot_rules(
             prefer = prefers.get(slot)
             rules[slot] = rule(pin=pins.get(slot), prefer=(prefer,) if prefer else ())
         else:
-            prefer_all = tuple(policy.preferred)
+            preferred = tuple(policy.preferred)
             rules[slot] = rule(
-                pin=policy.pin, prefer=prefer_all, origin=allowed_by, strict_prefer=False
+                pin=policy.pin, prefer=preferred, origin=allowed_by, strict_prefer=False
             )
     return rules
 
@@ -259,15 +253,7 @@ def plan(request: ProbeRequest, events: Events | None = None) -> Plan:
             "candidate whose kernels ran interpreted is labelled so, never timed and never written "
             "to the lock"
         )
-    check_forced(
-        request.pins,
-        request.prefers,
-        slots,
-        candidates,
-        device,
-        rules=rules,
-        with_compile=request.with_compile,
-    )
+    check_forced(request, slots, candidates, device, rules)
     kind = "cpu" if device["type"] == "cpu" else "gpu"
     if traced is not None:
         shapes, shapes_from = traced.shapes, f"model {request.model}"
@@ -326,8 +312,6 @@ def _per_slot(
         inputs.update(behaviour[name].inputs(declared[name], kind))
     canonical = {n: b.canonical(declared[n], kind) for n, b in behaviour.items()}
     timed_at = {n: b.shapes(declared[n], kind, own.get(n, shapes)) for n, b in behaviour.items()}
-    if traced is not None:
-        canonical, timed_at = traced.canonical, traced.timed_at
     return {
         "canonical": {n: c for n, c in canonical.items() if c},
         "timed_at": timed_at,
@@ -452,18 +436,15 @@ def _apply_profile(
 
 
 def check_forced(
-    pins: Mapping[str, str],
-    prefers: Mapping[str, str],
+    request: ProbeRequest,
     slots: Sequence[str],
     candidates: Sequence[Candidate],
     device: Mapping[str, Any],
-    *,
-    rules: Mapping[str, SlotRule] | None = None,
-    with_compile: bool = False,
+    rules: Mapping[str, SlotRule],
 ) -> None:
     """Every --pin/--prefer checked before any work: the slot is probed, the id is its candidate,
     the profile allows it (exit 2), and it can run here as far as known unimported (exit 3)."""
-    for flag, forced in (("--pin", pins), ("--prefer", prefers)):
+    for flag, forced in (("--pin", request.pins), ("--prefer", request.prefers)):
         for slot, cid in forced.items():
             said = f"{flag} {slot}={cid}"
             if slot not in slots:
@@ -479,18 +460,17 @@ def check_forced(
                     fix=f"{near}use one of those ids, or offer your own class with --candidate "
                     f"{slot}=module.Class",
                 )
-            rule = (rules or {}).get(slot)
-            if rule is not None and rule.allowed is not None and rule.refuses(cid):
+            rule = rules[slot]
+            if rule.allowed is not None and rule.refuses(cid):
                 raise UsageError(
                     f"{said}: {rule.allowed_by} does not allow it for {slot} "
                     f"(allowed: {', '.join(rule.allowed) or 'none: allowed = []'})",
                     fix=f"drop {said}, or use a profile that allows it",
                 )
-            arch = device.get("arch") or ""
-            problem = static_problem(
-                offered[cid], slot, device["type"], arch, with_compile=with_compile
-            )
-            if problem:
+            arch, compiling = device.get("arch") or "", request.with_compile
+            if problem := static_problem(
+                offered[cid], slot, device["type"], arch, with_compile=compiling
+            ):
                 fix = f"drop {said}, or run on a machine where it can run"
                 fix = "add --with-compile" if problem.status == "skipped" else fix
                 raise ForcedUnusable(

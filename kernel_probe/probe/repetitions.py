@@ -1,17 +1,7 @@
-"""How a slot's candidates are timed against its default: paired rounds, and what they decide.
-
-A **sole** accepted candidate gets one measured call after its check at the shape (that first call,
-when it took ``SOLE_SECOND_CALL_BELOW_S`` or more): there is nothing to compare, so nothing is
-decided. With several, each other candidate is timed in **paired rounds** against the default: a
-block of calls of one, then of the other, on the same seeded inputs, the order swapped every round,
-so load that comes and goes hits both alike. A round's **ratio** is the candidate's block median
-over the default's (with a model's calls per shape, the model's time in the slot; else the
-geometric mean over the shapes). The decision is on the median of the rounds' ratios and its
-distribution-free interval (``LEVEL``; order statistics, ``median_interval``): rounds go on, from
-``MIN_ROUNDS``, until the interval is on one side of the faster boundary ``1 / (1 + MIN_MARGIN)``
-(``decided``), or no rounds left before ``MAX_ROUNDS`` could put it below (``futile``: undecided,
-as it would be at the cap), or the slot's budget ends them (undecided).
-"""
+"""How a slot's candidates are timed against its default (docs/probe.md, "How many calls are
+timed"): a sole candidate gets one measured call; several, paired rounds against the default whose
+ratios' median and distribution-free interval (``median_interval``) decide, from ``MIN_ROUNDS``
+until ``decided``, ``futile`` or the slot's budget ends them."""
 
 from __future__ import annotations
 

@@ -164,9 +164,8 @@ def installed(cand: Candidate, device: str = "") -> str | None:
             "install its package or put its directory on PYTHONPATH, and check the dotted path)"
         )
     hint = cand.install_hint(device)
-    return f"not installed: {what}" + (
-        f" ({hint})" if hint else f" (no build for {device})" if device else ""
-    )
+    hint = f" ({hint})" if hint else f" (no build for {device})" if device else ""
+    return f"not installed: {what}{hint}"
 
 
 def static_problem(
@@ -194,11 +193,9 @@ def static_problem(
             return Problem("unavailable", f"{why} ({blas})")
         note = absent()
         return Problem("unavailable", why + note, try_it=detail and not note)
-    wrong_arch = cand.arch_problem(device, arch)
-    if wrong_arch:
+    if wrong_arch := cand.arch_problem(device, arch):
         return Problem("unavailable", wrong_arch + absent())
-    missing = installed(cand, device)
-    if missing:
+    if missing := installed(cand, device):
         return Problem("unavailable", missing)
     if cand.compiled and device == "cpu" and not with_compile:
         return Problem(

@@ -1,12 +1,7 @@
-"""What a lock was probed for, and the one comparison of two such records: ``--check`` compares a
-lock with this run's plan (``pipeline.reusable``), ``kernel-probe diff`` two locks
-(``derive.lock_differences``); both call :func:`differences`, so they cannot drift.
-
-A lock was probed for a model (its ``[model]`` trace), under a profile, with options (the inputs
-digest and ``provenance.options``: shapes, the attention geometry, precision, candidates, pins...)
-and with some registry libraries installed (``provenance.libraries``). The machine is compared
-apart: ``verify`` against this machine, ``lock_differences`` between two fingerprints.
-"""
+"""What a lock was probed for (model, profile, options, registry libraries), and the one
+comparison of two such records, :func:`differences`: ``--check`` (``pipeline.reusable``) and
+``kernel-probe diff`` (``derive.lock_differences``) both call it, so they cannot drift. The machine
+is compared apart (``verify``, ``lock_differences``)."""
 
 from __future__ import annotations
 
@@ -21,12 +16,11 @@ from kernel_probe.detect.libraries import library_change
 
 # the options of the inputs digest as a person names them: these, and the flags of _FLAGS
 OPTION_NAMES = {"shapes": "--shape", "slots": "--slot", "pins": "--pin", "prefers": "--prefer"}
-OPTION_NAMES |= {"slot_shapes": "--shape SLOT=SHAPE"}
+OPTION_NAMES |= {"slot_shapes": "--shape SLOT=SHAPE", "model": "--model (the trace's digest)"}
 OPTION_NAMES |= {"candidates": "candidates", "profile": "the profile's digest"}
-OPTION_NAMES |= {"model": "--model (the trace's digest)"}
-_FLAGS = ("precision", "with_compile", "deterministic", "allow_init_change", "strict_dtype")
-_FLAGS_TOO = ("graph_attention", "allow_graph_attention_fallback", "allow_approximation")
-OPTION_NAMES |= {key: "--" + key.replace("_", "-") for key in (*_FLAGS, *_FLAGS_TOO)}
+_FLAGS = "precision with_compile deterministic allow_init_change strict_dtype graph_attention"
+_FLAGS += " allow_graph_attention_fallback allow_approximation"
+OPTION_NAMES |= {key: "--" + key.replace("_", "-") for key in _FLAGS.split()}
 
 
 @dataclass(frozen=True)
@@ -110,12 +104,9 @@ def _model(model: Model | None) -> str | None:
 def _other_model(locked: Model | None, model: Model | None) -> str:
     """Why a lock probed for ``locked`` (None: no model) is not for ``model``; "" when it is."""
     if model is None:
-        spec = locked.spec if locked is not None else ""
-        return (
-            f"it was probed for the model {spec}: check or probe it with --model {spec}"
-            if spec
-            else ""
-        )
+        if locked is None or not (spec := locked.spec):
+            return ""
+        return f"it was probed for the model {spec}: check or probe it with --model {spec}"
     if locked is None:
         return "it was not probed for a model (it has no [model] table): probe with --model"
     if locked.digest == model.digest:

@@ -1,11 +1,7 @@
-"""Timing, in the worker: forward+backward of one candidate at the model's shapes.
-
-Every slot's clock and repetitions (``repeat``, ``step_rows``): CUDA events on a GPU, perf_counter
-on a CPU; the first call (Triton JIT, torch.compile) timed apart (``compile_s``). The norms' and
-Linear's (``time_candidate``) rotate inputs through buffers exceeding twice the L2 cache, use the
-checks' non-trivial parameters, check the last warm-up call at that shape against float64
-(``atshape``), and report bandwidth against a device-to-device copy in the same process.
-"""
+"""Timing, in the worker: forward+backward of one candidate at the model's shapes, by CUDA events
+on a GPU and perf_counter on a CPU, the first call timed apart (``compile_s``). ``time_candidate``
+(the norms', Linear's) rotates inputs past twice the L2 cache, checks at the shape (``atshape``) and
+reports bandwidth against a device-to-device copy."""
 
 from __future__ import annotations
 
@@ -119,8 +115,7 @@ def timed_calls(
         row["compile_s"] = _first_call(clock, step, tick)
     if opts.get("mode") == "sole":  # the slot's one accepted candidate: one measured call
         samples, how = [clock.time(step)], "sole candidate"
-        if tick is not None:
-            tick("rep", 1, 1)
+        _tick(tick, "rep")
     else:
         samples, how = repeat(clock, step, opts, tick)
     row["median_ms"] = 1e3 * sorted(samples)[len(samples) // 2]
@@ -135,9 +130,13 @@ def _first_call(clock: _Clock, step: Callable[[], None], tick: Tick | None) -> f
     t0 = time.perf_counter()
     step()
     clock.sync()
-    if tick is not None:
-        tick("first call", 1, 1)
+    _tick(tick, "first call")
     return time.perf_counter() - t0
+
+
+def _tick(tick: Tick | None, phase: str) -> None:
+    if tick is not None:
+        tick(phase, 1, 1)
 
 
 def progress_message(
@@ -227,9 +226,7 @@ def time_candidate(
         try:
             library = stack.enter_context(onetensor.blas_library(cand, device))[0]
         except onetensor.BlasNotOffered as exc:
-            rows = [
-                TimingRow(**_where(cand, s, dtype_name, regime), error=str(exc)) for s in shapes
-            ]
+            rows = [{**_where(cand, s, dtype_name, regime), "error": str(exc)} for s in shapes]
             return TimeReply(candidate=cand.id, device=device, rows=rows)
         for index, shape in enumerate(shapes):
             row = _where(cand, shape, dtype_name, regime)
@@ -289,12 +286,10 @@ def _time_shape(run: _Run, shape: str, tick: Tick | None) -> TimingRow:
         else:
             timed.append(clock.time(s.step))
         row["compile_s"] = round(timed[0], 4)
-        if tick:
-            tick("first call", 1, 1)
+        _tick(tick, "first call")
         if timed[0] < repetitions.SOLE_SECOND_CALL_BELOW_S:
             timed[0] = clock.time(s.step)
-            if tick:
-                tick("rep", 1, 1)
+            _tick(tick, "rep")
         samples, how = timed, "sole candidate"
     else:
         if opts["first"]:

@@ -11,7 +11,8 @@ import os
 import stat
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
+from itertools import chain, count
 from pathlib import Path
 from typing import Any
 
@@ -58,8 +59,8 @@ def now() -> str:
     return stamp.isoformat().replace("+00:00", "Z")
 
 
-def _round(x: float | None, digits: int = 4) -> float | None:
-    return None if x is None else float(f"{x:.{digits}g}")
+def _round(x: float | None, digits: int | None = 4) -> float | None:
+    return x if x is None or digits is None else float(f"{x:.{digits}g}")
 
 
 def _evidence(report: Report) -> list[dict[str, Any]]:
@@ -107,9 +108,7 @@ def _timing(rows: list[Mapping[str, Any]]) -> list[dict[str, Any]]:
             row.update({k.replace("_", "-"): _round(r[k], d) for k, d in _TIMED.items()})
             for key, digits in _IF_TIMED.items():
                 if key in r:
-                    row[key.replace("_", "-")] = (
-                        r[key] if digits is None else _round(r[key], digits)
-                    )
+                    row[key.replace("_", "-")] = _round(r[key], digits)
             if "peak_bytes" in r:  # Attention on a GPU: peak memory of one fwd+bwd
                 row["peak-bytes"] = int(r["peak_bytes"])
             row.update(_paired(r))
@@ -154,8 +153,7 @@ def build_lock(
     }
     chosen = [c.report.candidate for c in choices.values() if c.report.candidate is not None]
     distributions = sorted({c.distribution for c in chosen if c.distribution})
-    versions = library_versions(distributions)
-    libraries = {name: v for name, v in versions.items() if v is not None}
+    libraries = {n: v for n, v in library_versions(distributions).items() if v is not None}
     lock = KernelLock(
         created_by=f"kernel-probe {__version__}",
         created_at=now(),
@@ -239,14 +237,8 @@ def _rejection_reasons(report: Report, choice: Choice) -> list[str]:
     if ratio is None:  # the default itself, or no default to compare with
         return [f"accepted; {score:.2f}x the default's time ({over})"]
     said = f"accepted; {ratio.verdict}: {ratio.said()} against the default ({over})"
-    return [
-        said
-        + (
-            f", but {choice.report.id} was chosen ({choice.how})"
-            if ratio.verdict == "faster"
-            else ""
-        )
-    ]
+    but = f", but {choice.report.id} was chosen ({choice.how})" if ratio.verdict == "faster" else ""
+    return [said + but]
 
 
 def inputs_digest(inputs: Mapping[str, Any]) -> str:
@@ -335,15 +327,6 @@ def file_lock_path(path: Path) -> Path:
     return path.parent / f".{path.name}.lock"
 
 
-def _wait_reports() -> Iterator[float]:
-    """When a waiting probe says how long it has waited: 10 s, 30 s, 60 s, then every minute."""
-    yield from (10.0, 30.0)
-    at = 60.0
-    while True:
-        yield at
-        at += 60.0
-
-
 @contextmanager
 def exclusive(
     path: Path,
@@ -354,7 +337,8 @@ def exclusive(
 ) -> Iterator[bool]:
     """Hold a cross-process lock for ``path`` (``file_lock_path``); yields False where the file
     system has no file locks; one this user may not open is an error. While another holds it,
-    ``waiting`` is told so, then how long at each of ``reports`` (default ``_wait_reports``)."""
+    ``waiting`` is told so, then how long at each of ``reports`` (default: 10 s, 30 s, 60 s, then
+    every minute)."""
     from filelock import FileLock, Timeout  # a probe that writes: not the warm path
 
     lock_path = file_lock_path(path)
@@ -368,10 +352,8 @@ def exclusive(
         ) from None
     except PermissionError:
         owner = ""
-        try:
+        with suppress(OSError):
             owner = f" (owned by uid {os.stat(lock_path).st_uid}; you are uid {os.getuid()})"
-        except OSError:
-            pass
         raise UsageError(
             f"--out {path}: cannot open its lock file {lock_path}{owner}: permission denied, so "
             "concurrent probes of this lock could not be kept apart",
@@ -414,7 +396,7 @@ def _acquire(
         "lock if current"
     )
     start = time.monotonic()
-    for at in reports if reports is not None else _wait_reports():
+    for at in reports if reports is not None else chain((10.0, 30.0), count(60.0, 60.0)):
         left = timeout - (time.monotonic() - start)
         if left <= 0:
             raise Timeout(str(file_lock_path(path)))
