@@ -1,7 +1,6 @@
-"""The Linear slot, and the BLAS library under it (``slots.Linear.blas``). BLAS libraries
-round differently (anemoi's loss diverged on LUMI, anemoi-core #560), so the lock records the
-library checked, :func:`apply` sets it, and a process that chose another itself gets a
-:class:`LockMismatch`, never a silent override."""
+"""The Linear slot, and the BLAS library under it (``slots.Linear.blas``, anemoi-core #560): the
+lock records the library checked, :func:`apply` sets it, and a process that chose another itself
+gets a :class:`LockMismatch`, never a silent override."""
 
 from __future__ import annotations
 

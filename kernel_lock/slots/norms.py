@@ -1,8 +1,6 @@
 """The LayerNorm and RMSNorm slots, each the other's likely mistake. Their canonical values are
-torch.nn's classes' own (what a model that sets none computes): LayerNorm's eps 1e-5 and bias;
-RMSNorm's eps None, torch's rule (the machine epsilon of the accumulation type: float32's for
-float32, bfloat16 and float16 inputs), written ``"none"`` in a lock and pinned so (liger's
-default, 1e-6, is another eps)."""
+torch.nn's classes' own: LayerNorm's eps 1e-5 and bias; RMSNorm's eps None (torch's rule, written
+``"none"`` in a lock; liger's default, 1e-6, is another eps)."""
 
 from __future__ import annotations
 
@@ -51,7 +49,7 @@ def _eps(module: Any) -> float | None:
 def _twin_args(
     module: Any, state: Mapping[str, Any], accepted: set[str], *, bias: bool
 ) -> tuple[tuple[Any, ...], dict[str, Any]]:
-    """The module's own size and eps (a call site may have set it), and its affine parameters."""
+    """The module's own size and eps, and its affine parameters."""
     shape = getattr(module, "normalized_shape", None)
     if shape is None:
         shape = tuple(state["weight"].shape) if "weight" in state else (int(module.hidden_size),)

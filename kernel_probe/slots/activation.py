@@ -1,9 +1,5 @@
-"""The Activation slot in the probe: the model declares its function (``--activation``), every
-candidate is checked against it (``activation_kernels``) and the lock records it. The verdict
-(``judge``): every row by the one rule, then the function its float32 output matches (another is
-rejected; an approximation of the declared one only accepted, and recorded, under
-``--allow-approximation``).
-"""
+"""The Activation slot in the probe: the model's function (``--activation``), checked against and
+recorded; the verdict: every row by the one rule, then the function the candidate computes."""
 
 from __future__ import annotations
 

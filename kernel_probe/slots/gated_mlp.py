@@ -1,8 +1,5 @@
-"""The GatedMLP slot in the probe: anemoi's GatedMLPLayer, checked for a model whose gated
-``mlp_implementation`` is declared (``--mlp-implementation``); ``gated_mlp_kernels`` measures it.
-The verdict: every compared output by the one rule, then a state dict not anemoi's, an input
-modified, or an output matching one of the formula's known mistakes (``MISTAKES``).
-"""
+"""The GatedMLP slot in the probe (``--mlp-implementation``); the verdict: every output by the one
+rule, then a state dict not anemoi's, an input modified, or a known mistake (``MISTAKES``)."""
 
 from __future__ import annotations
 

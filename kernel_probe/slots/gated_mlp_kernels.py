@@ -1,17 +1,14 @@
-"""The GatedMLP slot's checks, in the worker (torch): anemoi's gated MLP layer, fwd and bwd, built
-as the lock builds it, loaded strictly under anemoi's keys with parameters neither ones nor zeros,
-at anemoi's shapes (``canonical``). Every output is compared with the formula's float64 reference
-and torch's own gated layer (``own_layer``); a known mistake (``MISTAKES``) is named, and the state
-dict is checked against anemoi's both ways (strict, bitwise).
-"""
+"""The GatedMLP slot's checks, in the worker (torch): anemoi's gated MLP layer built as the lock
+builds it, loaded strictly under anemoi's keys, every output against the formula's float64
+reference and torch's own layer (``own_layer``); a known mistake named; the state dict's round
+trip; its timing."""
 
 from __future__ import annotations
 
 import math
-import statistics
 import time
 import types
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -26,9 +23,10 @@ from kernel_probe.isolation.protocol import (
     ErrorStats,
     MeasurementRow,
     TimeReply,
+    TimingProgressMessage,
     TimingRow,
 )
-from kernel_probe.probe import lifecycle, measure, repetitions, timing
+from kernel_probe.probe import lifecycle, measure, timing
 from kernel_probe.shapes import parse_shape
 from kernel_probe.slots.gated_mlp import (
     FLAG_INPUT_MODIFIED,
@@ -176,14 +174,12 @@ def _row(
     if problem:
         row["flags"][FLAG_STATE_DICT] = problem
         return row
-    mod = mod.to(device=tdev, dtype=param_dtype)
-    base = own_layer(values)[0].to(device=tdev, dtype=param_dtype)
+    run = _Run(values, function, (dtype, param_dtype, autocast), gen, row)
     params = parameters(values["in_features"], values["out_features"], gen, bool(values["bias"]))
-    for m in (mod, base):  # strict: a candidate without anemoi's keys fails here
-        m.load_state_dict({k: t.to(param_dtype) for k, t in params.items()}, strict=True)
+    # strict: a candidate without anemoi's keys fails here
+    mod, base = (_loaded(m, params, run, tdev) for m in (mod, own_layer(values)[0]))
     # the reference from the parameters as the candidate holds them (rounded), on the CPU
     held = {k: t.to(param_dtype).to(torch.float64) for k, t in params.items()}
-    run = _Run(values, function, (dtype, param_dtype, autocast), gen, row)
     run.mods, run.held = (mod, base), held
     try:
         for case in FIRST:
@@ -216,8 +212,7 @@ class _Run:
         self.held: dict[str, Any] = {}  # their parameters as held, float64
 
     def small(self, cand: Candidate, mods: tuple[Any, Any]) -> _Run:
-        """The same passes at CHECK_IN wide, on a fresh candidate and torch's own, loaded, after a
-        first random pass (recorded with the row's ``random``)."""
+        """The same passes at CHECK_IN wide on a fresh, loaded pair, after a first random pass."""
         values = canonical(self.values, CHECK_IN)
         run = _Run(values, self.function, self.dtypes, self.gen, self.row)
         device = next(mods[1].parameters()).device
@@ -239,8 +234,8 @@ class _Run:
     def case(
         self, name: str, mods: tuple[Any, Any], held: Mapping, scale: float = 1.0, xy: Any = None
     ) -> tuple[Any, tuple[Any, Any]]:
-        """One case's forward and backward of the candidate and torch's own (``mods``) with the
-        parameters ``held`` (``lifecycle.VIEWS``: x as that view), judged: x, both outputs."""
+        """One case's fwd+bwd of the candidate and torch's own (``mods``) with the parameters
+        ``held``, judged: x, both outputs."""
         x, gy = xy or self.inputs(next(mods[1].parameters()).device, scale)
         x = lifecycle.view(name, x) if name in lifecycle.VIEWS else x
         ref = _reference_pass(x.double().cpu(), gy.double().cpu(), held, self.function)
@@ -267,10 +262,8 @@ def _held(mod: Any) -> dict[str, Any]:
 
 
 def _in_use(run: _Run, cand: Candidate, mods: tuple[Any, Any], dtype_name: str) -> None:
-    """The cases after the first life (``lifecycle``; docs/checks.md "GatedMLP"): the forward in
-    eval mode, under no_grad and inference_mode; a second life after an in-place update of every
-    parameter (torch's own given the same); a fresh candidate loaded from torch's own state dict at
-    in = out, and torch's own loaded back from it; in fp16 and bf16, the overflow case."""
+    """The cases after the first life (``lifecycle``; docs/checks.md "GatedMLP"), and in fp16 and
+    bf16 the overflow case."""
     device = next(mods[1].parameters()).device
     x = run.inputs(device)[0]
     ref = reference(x.double().cpu(), _held(mods[1]), run.function)
@@ -316,8 +309,7 @@ def _loaded(mod: Any, state: Mapping[str, Any], run: _Run, device: Any) -> Any:
 
 
 def _overflowing(values: Mapping[str, Any], gen: Any, bias: bool) -> dict[str, Any]:
-    """Parameters for the overflow case (x's first column 1): gate pre-activations -6..-2 (the
-    first gate column), values of spread 1e4 (|v| up to ~4e4, within fp16's 65504), so
+    """Parameters for the overflow case (x's first column 1): gate -6..-2, |v| up to ~4e4, so
     ``gate(g) * v`` fits fp16 and ``(g * v) * sigma(g)`` does not."""
     n_in, n_out, f64 = values["in_features"], values["out_features"], torch.float64
     gate = 0.1 * torch.randn(n_out, n_in, generator=gen, dtype=f64) / math.sqrt(n_in)
@@ -418,51 +410,32 @@ def time_candidate(
     shapes: list[str],
     dtype_name: str,
     options: Mapping[str, Any],
-    *,
+    progress: Callable[[TimingProgressMessage], None] | None = None,
     regime: str = "true",
     canonical_overrides: Mapping[str, Any] | None = None,
     **_: Any,
 ) -> TimeReply:
     """fwd+bwd at each ``ROWSxIN`` shape (out: anemoi's gated hidden width), fixed repetitions."""
-    opts = {**timing.DEFAULT_OPTIONS, **options, "mode": "fixed"}
     tdev, dtype = torch_device(device), measure.torch_dtype(dtype_name)
     param_dtype = torch.float32 if regime == "mixed" else dtype
-    autocast = (tdev, dtype) if regime == "mixed" else None
-    clock = timing._Clock(device)
-    rows_out: list[TimingRow] = []
-    for shape in shapes:
-        rows, width = parse_shape(shape)[:2]
-        head = TimingRow(implementation=cand.id, shape=shape, dtype=dtype_name, regime=regime)
-        try:
-            values = canonical(canonical_overrides, width)
-            mod = measure.build(cand, values, tdev, param_dtype)
-            x = torch.randn(rows, width, device=tdev, dtype=dtype, requires_grad=True)
-            gy = torch.randn(rows, values["out_features"], device=tdev, dtype=dtype)
 
-            def step(mod: Any = mod, x: Any = x, gy: Any = gy) -> None:
-                with measure.autocasting(autocast):
-                    y = mod(x)
-                y.backward(gy)
+    def run_shape(text: str, timed: Callable[[Callable[[], None]], TimingRow]) -> None:
+        rows, width = parse_shape(text)[:2]
+        values = canonical(canonical_overrides, width)
+        mod = measure.build(cand, values, tdev, param_dtype)
+        x = torch.randn(rows, width, device=tdev, dtype=dtype, requires_grad=True)
+        gy = torch.randn(rows, values["out_features"], device=tdev, dtype=dtype)
 
-            compile_s = timing._first_call(clock, step, None)
-            samples, how = timing.repeat(clock, step, opts)
-        except Exception as exc:
-            rows_out.append({**head, "error": measure.first_line(exc, 400)})
-            continue
-        median, out = statistics.median(samples), values["out_features"]
+        def step() -> None:
+            mod(x).backward(gy)
+
+        row = timed(step)
+        seconds, out = row["median_ms"] / 1e3, values["out_features"]
         # the least a fwd+bwd moves: x and dy in, y and dx out, both weights read twice and their
         # grads written
         moved = dtype.itemsize * (2 * rows * width + 2 * rows * out + 6 * width * out)
-        rows_out.append(
-            {
-                **head,
-                "median_ms": median * 1e3,
-                "spread": repetitions.spread(samples),
-                "gbps": moved / median / 1e9,
-                "reps": len(samples),
-                "compile_s": compile_s,
-                "tflops": 12 * rows * width * out / median / 1e12,
-                "timed": how,
-            }
-        )
-    return TimeReply(candidate=cand.id, device=device, rows=rows_out)
+        row["gbps"] = moved / seconds / 1e9
+        row["tflops"] = 12 * rows * width * out / seconds / 1e12
+
+    opts = {**options, "mode": "fixed"}
+    return timing.step_rows(cand.id, device, shapes, dtype_name, opts, progress, run_shape, regime)
