@@ -21,7 +21,7 @@ from .base import (
     SlotSpec,
     TargetFacts,
     bound,
-    functional_call,
+    run_with_params,
     torch_aliases,
 )
 
@@ -229,19 +229,13 @@ def _call_semantics(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> dict[st
             "bias": b["bias"] is not None}  # fmt: skip
 
 
-def _run(module: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Any:
-    b = bound(args, kwargs, _ARGS, bias=None)
-    params = {k: b[k] for k in ("weight", "bias") if b[k] is not None}
-    return functional_call(module, params, b["input"])
-
-
 _CALLS = Calls(
     module=_module,
     functions={
         "linear": Functional(
             _call_semantics,
             lambda s: ((s["in_features"], s["out_features"]), {"bias": s["bias"]}),
-            _run,
+            run_with_params(_ARGS),
             lambda s: frozenset(("weight", "bias") if s["bias"] else ("weight",)),
             args=_ARGS,
         )

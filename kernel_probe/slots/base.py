@@ -86,6 +86,7 @@ class Slot:
     # the module of its own worker measurements (``check``, ``tiny_call``, ``time_candidate``);
     # "": the one-tensor layers' (``correctness``, ``timing``)
     kernels: str = ""
+    declares: str = ""  # the canonical key whose value the option declares (Activation's function)
 
     def __init__(self, spec: SlotSpec):
         self.spec = spec
@@ -108,12 +109,16 @@ class Slot:
         return declared
 
     def canonical(self, declared: str, kind: str | None) -> dict[str, Any]:
-        """The canonical values the declaration sets (``kind`` None: `check`, no default)."""
-        return {}
+        """The canonical values the declaration sets (``kind`` None: `check`, no default): its
+        value under ``declares``."""
+        return {self.declares: declared} if declared and self.declares else {}
 
     def inputs(self, declared: str, kind: str) -> dict[str, Any]:
-        """What the digest of a probe's inputs covers of the declaration."""
-        return {}
+        """What the digest of a probe's inputs covers of the declaration: under the option's
+        name, the declared value, else the spec's canonical one."""
+        if not self.declares or self.option is None:
+            return {}
+        return {self.option.dest: declared or self.spec.canonical[self.declares]}
 
     def shapes(self, declared: str, kind: str, shapes: Sequence[str]) -> tuple[str, ...]:
         """The shapes the slot is timed at (the probe's, unless the slot has its own)."""
@@ -167,7 +172,7 @@ class Slot:
 
     def declaration(self, canonical: Mapping[str, Any], shapes: Sequence[str]) -> str:
         """What the model's semantics amount to as the slot's option says it ("": none)."""
-        return ""
+        return str(canonical.get(self.declares, "")) if self.declares else ""
 
     def use(
         self, sites: Sequence[Site], refuse: Callable[[Mapping[str, Any]], str] = lambda _: ""
@@ -243,9 +248,11 @@ class Slot:
     def lock_keys(
         self, values: Mapping[str, Any], kwargs: Mapping[str, Any], report: Report
     ) -> dict[str, Any]:
-        """The slot's own lock keys (``SlotSpec.keys``) from its canonical ``values`` and the
-        chosen candidate's pinned ``kwargs``."""
-        return {}
+        """The slot's own lock keys (``SlotSpec.keys``) for the chosen candidate: one with a
+        ``derive`` computed from its pinned ``kwargs``, another as its canonical ``values`` hold."""
+        keys = self.spec.keys
+        derived = {k.name: k.derive(kwargs) for k in keys if k.derive is not None}
+        return derived | {k.name: values[k.name] for k in keys if k.name in values and not k.derive}
 
     def evidence(self, report: Report) -> Callable[[str], dict[str, Any]]:
         """Per dtype, what the slot adds to an evidence row of the lock."""
