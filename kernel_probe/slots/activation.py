@@ -132,7 +132,7 @@ class Activation(Slot):
     """An elementwise function of one tensor, no parameters."""
 
     kernels = "kernel_probe.slots.activation_kernels"
-    declares = "function"  # the reference every candidate is checked against, in the lock
+    option_key = "function"  # the reference every candidate is checked against, in the lock
     option = Option(
         "--activation",
         "the model's activation function, the Activation slot's reference: gelu-erf "

@@ -86,7 +86,9 @@ class Slot:
     # the module of its own worker measurements (``check``, ``tiny_call``, ``time_candidate``);
     # "": the one-tensor layers' (``correctness``, ``timing``)
     kernels: str = ""
-    declares: str = ""  # the canonical key whose value the option declares (Activation's function)
+    option_key: str = (
+        ""  # the canonical key whose value the option declares (Activation's function)
+    )
 
     def __init__(self, spec: SlotSpec):
         self.spec = spec
@@ -110,15 +112,15 @@ class Slot:
 
     def canonical(self, declared: str, kind: str | None) -> dict[str, Any]:
         """The canonical values the declaration sets (``kind`` None: `check`, no default): its
-        value under ``declares``."""
-        return {self.declares: declared} if declared and self.declares else {}
+        value under ``option_key``."""
+        return {self.option_key: declared} if declared and self.option_key else {}
 
     def inputs(self, declared: str, kind: str) -> dict[str, Any]:
         """What the digest of a probe's inputs covers of the declaration: under the option's
         name, the declared value, else the spec's canonical one."""
-        if not self.declares or self.option is None:
+        if not self.option_key or self.option is None:
             return {}
-        return {self.option.dest: declared or self.spec.canonical[self.declares]}
+        return {self.option.dest: declared or self.spec.canonical[self.option_key]}
 
     def shapes(self, declared: str, kind: str, shapes: Sequence[str]) -> tuple[str, ...]:
         """The shapes the slot is timed at (the probe's, unless the slot has its own)."""
@@ -172,7 +174,7 @@ class Slot:
 
     def declaration(self, canonical: Mapping[str, Any], shapes: Sequence[str]) -> str:
         """What the model's semantics amount to as the slot's option says it ("": none)."""
-        return str(canonical.get(self.declares, "")) if self.declares else ""
+        return str(canonical.get(self.option_key, "")) if self.option_key else ""
 
     def use(
         self, sites: Sequence[Site], refuse: Callable[[Mapping[str, Any]], str] = lambda _: ""

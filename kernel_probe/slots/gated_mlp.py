@@ -88,7 +88,7 @@ class GatedMLP(Slot):
         choices=gated_mlp.GATED,
     )
     kernels = "kernel_probe.slots.gated_mlp_kernels"
-    declares = "mlp_implementation"  # the gate, pinned in the slot's kwargs (the lock's gate)
+    option_key = "mlp_implementation"  # the gate, pinned in the slot's kwargs (the lock's gate)
 
     def refuse(self, declared: str) -> None:
         """An mlp_implementation that is not gated."""
