@@ -1,9 +1,7 @@
-"""The Attention slot's implementations, with one contract: SDPA's ``forward(q, k, v,
-attn_mask, dropout_p, is_causal, scale, enable_gqa)`` on (batch, heads, seq, dim), plus options
-the lock pins: ``window`` (|i - j| <= window; -1 global), ``softcap`` (0: none), ``dropout``,
-``alibi`` (anemoi's slopes), ``causal`` (every call is causal, as SDPA's ``is_causal``: key j
-visible to query i iff j <= i). An option a class cannot honour raises ``NotImplementedError``,
-except where it copies what anemoi's wrapper does. Imports torch."""
+"""The Attention slot's implementations: SDPA's ``forward(q, k, v, attn_mask, dropout_p,
+is_causal, scale, enable_gqa)`` on (batch, heads, seq, dim), plus the options the lock pins
+(``window``: |i - j| <= window, -1 global; ``softcap``; ``dropout``; ``alibi``; ``causal``). An
+option a class cannot honour raises ``NotImplementedError`` (unless anemoi's wrapper ignores it)."""
 
 from __future__ import annotations
 
@@ -122,25 +120,14 @@ class Attention(nn.Module):
         """The attention, SDPA's arguments normalised; each backend implements it."""
         raise NotImplementedError
 
-    def _combined_mask(self, q: torch.Tensor, k: torch.Tensor, attn_mask: Any) -> Any:
-        """The window and the caller's mask (boolean: both allow; float: the window as -inf)."""
-        band = self.window_mask(q.shape[-2], k.shape[-2], q.device)
-        if band is None or attn_mask is None:
-            return band if attn_mask is None else attn_mask
-        if attn_mask.dtype == torch.bool:
-            return attn_mask & band
-        return attn_mask.masked_fill(~band, float("-inf"))
-
     def _masked(self, q: Any, k: Any, attn_mask: Any, is_causal: bool) -> tuple[Any, bool]:
-        """(the mask, is_causal) for SDPA, which takes one or the other: with a window or the
-        caller's mask, the causal triangle folded into the mask."""
-        mask = self._combined_mask(q, k, attn_mask)
+        """(the mask, is_causal) for SDPA, which takes one or the other: the window and the
+        caller's mask, and with either, the causal triangle folded into the mask."""
+        band = self.window_mask(q.shape[-2], k.shape[-2], q.device)
+        mask = attn_mask if band is None else _both(attn_mask, band)
         if mask is None or not is_causal:
             return mask, is_causal
-        tri = causal_mask(q.shape[-2], k.shape[-2], q.device)
-        return (
-            mask & tri if mask.dtype == torch.bool else mask.masked_fill(~tri, -math.inf)
-        ), False
+        return _both(mask, causal_mask(q.shape[-2], k.shape[-2], q.device)), False
 
     def _refuse(self, what: str, softcap: bool = True, alibi: bool = True) -> None:
         """Raise for a softcap or alibi ``what`` cannot honour."""
@@ -148,6 +135,13 @@ class Attention(nn.Module):
             raise NotImplementedError(f"softcap is not supported by {what}")
         if alibi and self.alibi:
             raise NotImplementedError(f"alibi slopes are not supported by {what}")
+
+
+def _both(mask: Any, allow: torch.Tensor) -> torch.Tensor:
+    """``mask`` (None, boolean, or additive float) where ``allow`` allows, -inf or False else."""
+    if mask is None:
+        return allow
+    return mask & allow if mask.dtype == torch.bool else mask.masked_fill(~allow, -math.inf)
 
 
 class SDPAttention(Attention):
@@ -323,17 +317,6 @@ class FlashAttention4(_FlashAttention):
 class TEDotProductAttention(Attention):
     """transformer-engine's ``DotProductAttention`` (bshd), built on first call."""
 
-    def __init__(
-        self,
-        window: int = -1,
-        softcap: float = 0.0,
-        dropout: float = 0.0,
-        alibi: bool = False,
-        causal: bool = False,
-    ):
-        super().__init__(window, softcap, dropout, alibi, causal)
-        self._te: dict[tuple[int, int, float | None, float, bool], Any] = {}
-
     def attend(self, q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa):
         """transformer-engine's DotProductAttention, one module per (heads, dim, scale, dropout,
         causal)."""
@@ -343,9 +326,10 @@ class TEDotProductAttention(Attention):
         if attn_mask is not None:
             raise NotImplementedError("this adapter takes no attn_mask (only the window)")
         key = (q.shape[1], q.shape[-1], scale, dropout_p, is_causal)
-        if key not in self._te:
+        built = self.__dict__.setdefault("_te", {})
+        if key not in built:
             te = importlib.import_module("transformer_engine.pytorch")
-            self._te[key] = te.DotProductAttention(
+            built[key] = te.DotProductAttention(
                 q.shape[1],
                 q.shape[-1],
                 attention_dropout=dropout_p,
@@ -355,7 +339,7 @@ class TEDotProductAttention(Attention):
                 softmax_scale=scale,
             )
         q, k, v = _bshd(q, k, v)
-        out = self._te[key](q.contiguous(), k.contiguous(), v.contiguous())  # (B, S, H*D)
+        out = built[key](q.contiguous(), k.contiguous(), v.contiguous())  # (B, S, H*D)
         return out.view(q.shape[0], q.shape[1], q.shape[2], q.shape[3]).transpose(1, 2)
 
 

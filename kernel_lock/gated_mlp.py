@@ -1,6 +1,5 @@
-"""The GatedMLP slot's classes with anemoi's ``GatedMLPLayer`` interface, parameters and
-state-dict keys, computing ``gate(gate_proj(x)) * value_proj(x)``: torch's functions, compiled,
-or liger-kernel's fused kernels; ``swap_gated_layers`` puts one into a built anemoi model."""
+"""The GatedMLP slot's classes, anemoi's ``GatedMLPLayer`` interface and state-dict keys, computing
+``gate(gate_proj(x)) * value_proj(x)``; ``swap_gated_layers`` puts one into a built anemoi model."""
 
 from __future__ import annotations
 

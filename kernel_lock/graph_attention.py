@@ -1,7 +1,6 @@
-"""The lock's ``[graph-attention]`` table: the backend anemoi's GraphTransformer must run
-(``triton`` or ``pyg``). anemoi runs ``triton`` only where triton imports and
-``torch.cuda.is_available()``, else silently ``pyg``, a different kernel; so the job-start check
-refuses a machine where a locked ``triton`` would run ``pyg`` unless ``allow-fallback = true``."""
+"""The lock's ``[graph-attention]`` table: the backend anemoi's GraphTransformer must run. anemoi
+silently runs ``pyg`` where triton or a GPU is missing, so the job-start check refuses a machine
+where a locked ``triton`` would run ``pyg``, unless ``allow-fallback = true``."""
 
 from __future__ import annotations
 

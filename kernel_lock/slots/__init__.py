@@ -1,5 +1,5 @@
-"""The slots a lock pins: one :class:`SlotSpec` each; another package declares one
-through the ``kernel_lock.slots`` entry-point group, loaded only when trusted. No torch."""
+"""The slots a lock pins, one :class:`SlotSpec` each (another package's: an entry point of
+``kernel_lock.slots``, loaded only when trusted). No torch."""
 
 from __future__ import annotations
 
@@ -129,8 +129,7 @@ def confusable(semantics: str) -> str:
 
 
 def slot_name_fix(name: str) -> str:
-    """The fix for an unknown slot ``name``: the slot it misspells (in case: slot names are
-    case-sensitive), and the list of them."""
+    """The fix for an unknown slot ``name``: the slot it misspells, and the list of them."""
     from ..tables import nearest
 
     near, known = nearest(name, SPECS), f"known slots: {', '.join(SPECS)}"
@@ -165,9 +164,8 @@ def computation_problem(
     twin: bool = False,
 ) -> str | None:
     """Why ``target`` with ``kwargs`` (``cls`` once imported) does not compute what the lock's
-    ``slot`` table computes; None when it does or only running it can tell. The slot computes what
-    its table declares (its spec's ``declares``, else its target); a twin, what its target computes
-    where that can be told, else what the table declares."""
+    ``slot`` table declares (a ``twin``: what its target computes, where that can be told); None
+    when it does or only running it can tell."""
     spec = SPECS.get(slot.name)
     if spec is None or spec.computes is None:
         return None
@@ -218,10 +216,9 @@ def _computes(cls: type, spec: SlotSpec) -> bool:
 
 
 def class_semantics(cls: Any) -> str | None:
-    """What a module class computes, told by its hierarchy; None where it cannot tell.
-    A subclass of a slot's ``computed_by`` class computes that slot unless it is quantized, QAT or
-    fused (``NOT_PLAIN_TORCH``); other torch modules compute ``other: Identity``; an adapter, what
-    it wraps. Another library's class is not judged by its name."""
+    """What a module class computes, told by its hierarchy (a slot's ``computed_by`` subclass, not
+    ``NOT_PLAIN_TORCH``; other torch modules ``other: Name``; an adapter, what it wraps); None
+    where it cannot tell."""
     if not isinstance(cls, type):
         return None
     if _under(cls.__module__, _ADAPTERS):
@@ -242,8 +239,7 @@ def _qualified(cls: type) -> str:
 
 
 def public_name(cls: type) -> str:
-    """``torch.nn.LayerNorm`` for torch.nn's classes (by any of their module paths), else the
-    class's own ``module.Qualname``: a site's ``call``."""
+    """``torch.nn.LayerNorm`` for torch.nn's classes, else ``module.Qualname``: a site's call."""
     nn = sys.modules.get("torch.nn")  # a module of torch.nn's is built: torch is imported
     if _under(cls.__module__, ("torch.nn.modules",)) and getattr(nn, cls.__name__, None) is cls:
         return f"torch.nn.{cls.__name__}"
@@ -258,9 +254,8 @@ def _own_forward(cls: type, spec: SlotSpec) -> bool:
 
 
 def site_of(module: Any) -> SlotSpec | str | None:
-    """The slot whose call site a built module is (the trace's and ``kernel_lock.apply``'s one
-    rule), why it is out of reach (a class no slot swaps: its inner calls are its own), or None
-    (neither: the calls its forward makes are the sites)."""
+    """The slot whose call site a built module is, why it is out of reach (a class no slot swaps),
+    or None (the calls its forward makes are the sites)."""
     cls = type(module)
     names = [_qualified(c) for c in cls.__mro__]
     names += [f"torch.nn.{c.__name__}" for c in cls.__mro__ if _under(c.__module__, ("torch.nn",))]

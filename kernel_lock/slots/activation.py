@@ -75,11 +75,9 @@ def _computes(target: str, kwargs: Mapping[str, Any], cls: type | None) -> dict[
     its forward from."""
     function = _function(target, kwargs)
     for c in cls.__mro__ if cls is not None and function is None else ():
-        function = _function(f"{c.__module__}.{c.__qualname__}", kwargs)
-        if function is not None:
-            function = (
-                function if getattr(cls, "forward", None) is getattr(c, "forward", None) else None
-            )
+        if (function := _function(f"{c.__module__}.{c.__qualname__}", kwargs)) is not None:
+            inherited = getattr(cls, "forward", None) is getattr(c, "forward", None)
+            function = function if inherited else None
             break
     return {"function": function} if function is not None else None
 

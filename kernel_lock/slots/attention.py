@@ -17,7 +17,13 @@ __all__ = ["ANEMOI_ATTENTION", "ATTENTION", "MASKS", "SDPA_BACKENDS"]
 _OPTIONS = frozenset(("window", "softcap", "dropout", "alibi", "causal"))
 # the attn_mask a model's calls pass: none, a boolean one (True = attend), an additive float one
 MASKS = ("none", "bool", "float")
-_CLASSES = ("FlashAttention2", "FlashAttention3", "FlashAttention4", "TEDotProductAttention")
+# kernel_lock.attention's classes, and the keywords each takes beyond the options
+_CLASSES: Mapping[str, frozenset[str]] = {
+    "SDPAttention": frozenset({"backend"}),
+    "FlexAttention": frozenset({"compiled"}),
+    **dict.fromkeys(("FlashAttention2", "FlashAttention3", "FlashAttention4"), frozenset()),
+    "TEDotProductAttention": frozenset(),
+}
 
 # the torch.nn.attention.SDPBackend member each ``backend`` forces ("default": torch chooses)
 SDPA_BACKENDS = {
@@ -40,9 +46,7 @@ _PARAMS = {
 # anemoi-models 0.19's backends for a class of the slot (flash: v4, v3, v2, whichever imports)
 ANEMOI_ATTENTION = {
     "kernel_lock.attention.SDPAttention": "scaled_dot_product_attention",
-    "kernel_lock.attention.FlashAttention2": "flash_attention",
-    "kernel_lock.attention.FlashAttention3": "flash_attention",
-    "kernel_lock.attention.FlashAttention4": "flash_attention",
+    **{f"kernel_lock.attention.FlashAttention{n}": "flash_attention" for n in (2, 3, 4)},
 }
 # anemoi's variable, read at import: overrides every component's attention_implementation
 ATTENTION_BACKEND_ENV = "ANEMOI_INFERENCE_TRANSFORMER_ATTENTION_BACKEND"
@@ -190,15 +194,8 @@ ATTENTION = SlotSpec(
     call_kwargs={name: f"${name}" for name in ("window", "softcap", "dropout", "alibi")},
     optional=("causal",),  # pinned where the model is causal: a lock without it is as before
     known_targets={
-        "kernel_lock.attention.SDPAttention": TargetFacts(
-            "attention", _OPTIONS | {"backend"}, True
-        ),
-        "kernel_lock.attention.FlexAttention": TargetFacts(
-            "attention", _OPTIONS | {"compiled"}, True
-        ),
-        **{
-            f"kernel_lock.attention.{c}": TargetFacts("attention", _OPTIONS, True) for c in _CLASSES
-        },
+        f"kernel_lock.attention.{c}": TargetFacts("attention", _OPTIONS | more, True)
+        for c, more in _CLASSES.items()
     },
     computed_by=(_BASE,),
     computes=_computes,

@@ -109,11 +109,18 @@ def bound(
     return {**defaults, **dict(zip(names, args, strict=False)), **kwargs}
 
 
-def functional_call(module: Any, params: Mapping[str, Any], *args: Any) -> Any:
-    """``module`` run on ``args`` with ``params`` (the caller's tensors) in place of its own."""
-    from torch.func import functional_call as call  # reason: torch only where a call is routed
+def run_with_params(names: tuple[str, ...]) -> Callable[[Any, tuple[Any, ...], Any], Any]:
+    """A routed call (parameters ``names``) run on the built module with the call's own weight and
+    bias (those it passes) in place of the module's."""
 
-    return call(module, dict(params), args)
+    def run(module: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Any:
+        from torch.func import functional_call  # reason: torch only where a call is routed
+
+        b = bound(args, kwargs, names, weight=None, bias=None)
+        params = {k: b[k] for k in ("weight", "bias") if b[k] is not None}
+        return functional_call(module, params, (b["input"],))
+
+    return run
 
 
 # the semantics of a call site as the trace writes them (kernel_lock.model.Site.semantics), or why
@@ -155,43 +162,33 @@ class Calls:
 
 @dataclass(frozen=True)
 class SlotSpec:
-    """One slot: what it computes, what a lock may pin, how its classes are called, its keys."""
+    """One slot: what it computes, what a lock may pin, how its classes are called, its keys
+    (each field: docs/architecture.md, "SlotSpec")."""
 
     name: str
     semantics: str
     default_target: str  # what a slot the lock does not pin resolves to
     canonical: Mapping[str, Any]  # the configuration the lock pins unless the model says otherwise
-    # how a class offered for the slot is called ("$name": the canonical value ``name``)
     call_args: tuple[str, ...] = ()
     call_kwargs: Mapping[str, Any] = field(default_factory=dict)
-    # classes whose semantics and keywords are known without importing them
     known_targets: Mapping[str, TargetFacts] = field(default_factory=dict)
-    # classes whose subclasses compute the slot ("module.*": that torch module's, but the excluded)
     computed_by: tuple[str, ...] = ()
     not_computed_by: tuple[str, ...] = ()
     aliases: Mapping[str, str] = field(default_factory=dict)  # other public names of its classes
     confusable: str = ""  # the semantics a kernel may compute by mistake (same shapes and params)
     by_default: bool = True  # probed when no slot is named
     keys: tuple[SlotKey, ...] = ()
-    # job start, without torch: what this machine or process does that the slot's table forbids
     job_start: Callable[[Any, Mapping[str, Any]], list[Difference]] | None = None
-    # the slot resolves in this process (the Linear's BLAS library is set process-wide)
     on_resolve: Callable[[Any, str | None], None] | None = None
-    # what anemoi reads at import for the slot as pinned: an inference job's environment
     anemoi_environment: Callable[[Any], Mapping[str, str]] | None = None
     twin_args: TwinArgs | None = None
-    # what its classes compute (Activation's function, Attention's options, GatedMLP's gate), and
-    # the values a lock's table of the slot declares for each (None: its target's own)
     computes: Computes | None = None
     declares: Callable[[Any], Mapping[str, tuple[Any, ...]]] | None = None
     anemoi_key: str = ""  # its key in anemoi's layer_kernels block ("": anemoi has none)
     sample_width: Callable[[Any], int] | None = None  # the twin's input width to compare on
-    # the type and range of each keyword its classes take, checked on read (kwargs, twin.kwargs)
     params: Mapping[str, Param] = field(default_factory=dict)
     calls: Calls | None = None  # its call sites in a built model (None: not applied to one)
-    # keywords pinned only where the model sets them (their value differs from ``canonical``'s):
-    # Attention's ``causal``, so that a lock of a model without it reads as before
-    optional: tuple[str, ...] = ()
+    optional: tuple[str, ...] = ()  # pinned only where the model sets them (Attention's causal)
 
 
 def torch_aliases(module: str, *names: str) -> dict[str, str]:

@@ -1,7 +1,6 @@
-"""The Linear slot, and the BLAS library under it (``slots.Linear.blas``). BLAS libraries
-round differently (anemoi's loss diverged on LUMI, anemoi-core #560), so the lock records the
-library checked, :func:`apply` sets it, and a process that chose another itself gets a
-:class:`LockMismatch`, never a silent override."""
+"""The Linear slot, and the BLAS library under it (``slots.Linear.blas``, anemoi-core #560): the
+lock records the library checked, :func:`apply` sets it, and a process that chose another itself
+gets a :class:`LockMismatch`, never a silent override."""
 
 from __future__ import annotations
 
@@ -22,7 +21,7 @@ from .base import (
     SlotSpec,
     TargetFacts,
     bound,
-    functional_call,
+    run_with_params,
     torch_aliases,
 )
 
@@ -230,19 +229,13 @@ def _call_semantics(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> dict[st
             "bias": b["bias"] is not None}  # fmt: skip
 
 
-def _run(module: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Any:
-    b = bound(args, kwargs, _ARGS, bias=None)
-    params = {k: b[k] for k in ("weight", "bias") if b[k] is not None}
-    return functional_call(module, params, b["input"])
-
-
 _CALLS = Calls(
     module=_module,
     functions={
         "linear": Functional(
             _call_semantics,
             lambda s: ((s["in_features"], s["out_features"]), {"bias": s["bias"]}),
-            _run,
+            run_with_params(_ARGS),
             lambda s: frozenset(("weight", "bias") if s["bias"] else ("weight",)),
             args=_ARGS,
         )

@@ -1,8 +1,6 @@
 """The LayerNorm and RMSNorm slots, each the other's likely mistake. Their canonical values are
-torch.nn's classes' own (what a model that sets none computes): LayerNorm's eps 1e-5 and bias;
-RMSNorm's eps None, torch's rule (the machine epsilon of the accumulation type: float32's for
-float32, bfloat16 and float16 inputs), written ``"none"`` in a lock and pinned so (liger's
-default, 1e-6, is another eps)."""
+torch.nn's classes' own: LayerNorm's eps 1e-5 and bias; RMSNorm's eps None (torch's rule, written
+``"none"`` in a lock; liger's default, 1e-6, is another eps)."""
 
 from __future__ import annotations
 
@@ -20,7 +18,7 @@ from .base import (
     TargetFacts,
     TwinArgs,
     bound,
-    functional_call,
+    run_with_params,
     torch_aliases,
 )
 
@@ -51,7 +49,7 @@ def _eps(module: Any) -> float | None:
 def _twin_args(
     module: Any, state: Mapping[str, Any], accepted: set[str], *, bias: bool
 ) -> tuple[tuple[Any, ...], dict[str, Any]]:
-    """The module's own size and eps (a call site may have set it), and its affine parameters."""
+    """The module's own size and eps, and its affine parameters."""
     shape = getattr(module, "normalized_shape", None)
     if shape is None:
         shape = tuple(state["weight"].shape) if "weight" in state else (int(module.hidden_size),)
@@ -66,15 +64,20 @@ def _twin_args(
     return (tuple(shape) if not isinstance(shape, int) else (shape,),), kwargs
 
 
-def _module(module: Any, *, bias: bool) -> dict[str, Any]:
-    """A built norm's semantics: its size, eps (None as "none"), affine and bias."""
-    eps = getattr(module, "eps", None)
+def _semantics(shape: Any, eps: Any, affine: bool, bias: bool | None) -> dict[str, Any]:
+    """A norm's semantics: its size, eps (None as "none"), affine and (LayerNorm's) bias."""
     out = {
-        "normalized_shape": [int(n) for n in module.normalized_shape],
+        "normalized_shape": [int(shape)] if isinstance(shape, int) else [int(n) for n in shape],
         "eps": NONE_VALUE if eps is None else float(eps),
-        "elementwise_affine": bool(module.elementwise_affine),
+        "elementwise_affine": affine,
     }
-    return out | ({"bias": getattr(module, "bias", None) is not None} if bias else {})
+    return out | ({"bias": bias} if bias is not None else {})
+
+
+def _module(module: Any, *, bias: bool) -> dict[str, Any]:
+    has_bias = getattr(module, "bias", None) is not None if bias else None
+    eps, affine = getattr(module, "eps", None), bool(module.elementwise_affine)
+    return _semantics(module.normalized_shape, eps, affine, has_bias)
 
 
 _ARGS = {True: ("input", "normalized_shape", "weight", "bias", "eps"), False: ("input",
@@ -84,14 +87,8 @@ _EPS = {True: 1e-5, False: None}  # F.layer_norm's and F.rms_norm's default eps
 
 def _call_semantics(args: tuple[Any, ...], kwargs: Mapping[str, Any], *, bias: bool) -> Any:
     b = bound(args, kwargs, _ARGS[bias], weight=None, bias=None, eps=_EPS[bias])
-    shape = b["normalized_shape"]
-    eps = b["eps"]
-    out = {
-        "normalized_shape": [int(shape)] if isinstance(shape, int) else [int(n) for n in shape],
-        "eps": NONE_VALUE if eps is None else float(eps),
-        "elementwise_affine": b["weight"] is not None,
-    }
-    return out | ({"bias": b["bias"] is not None} if bias else {})
+    has_bias = b["bias"] is not None if bias else None
+    return _semantics(b["normalized_shape"], b["eps"], b["weight"] is not None, has_bias)
 
 
 def _build(semantics: Mapping[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
@@ -106,16 +103,10 @@ def _params(semantics: Mapping[str, Any]) -> frozenset[str]:
     return frozenset(names)
 
 
-def _run(module: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any], *, bias: bool) -> Any:
-    b = bound(args, kwargs, _ARGS[bias], weight=None, bias=None)
-    params = {k: b[k] for k in ("weight", "bias") if b[k] is not None}
-    return functional_call(module, params, b["input"])
-
-
 def _calls(function: str, bias: bool) -> Calls:
     """A norm's sites: its modules, and its torch function (``layer_norm``, ``rms_norm``)."""
     routed = Functional(
-        partial(_call_semantics, bias=bias), _build, partial(_run, bias=bias), _params,
+        partial(_call_semantics, bias=bias), _build, run_with_params(_ARGS[bias]), _params,
         args=_ARGS[bias],
     )  # fmt: skip
     return Calls(

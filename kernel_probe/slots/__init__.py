@@ -1,10 +1,5 @@
-"""The slots the probe covers: one :class:`Slot` each, in a registry the generic stages read.
-
-The built-in slots live in this package, one module each. Another package adds a slot through the
-``kernel_probe.slots`` entry-point group (``name = module:SLOT``, a :class:`Slot` whose ``spec`` it
-also declares under ``kernel_lock.slots``): :func:`load_plugins` loads them where plug-ins are
-allowed; a broken one is reported, never allowed to stop the probe.
-"""
+"""The slots the probe covers: one :class:`Slot` each, in a registry the generic stages read;
+another package's through the ``kernel_probe.slots`` entry points (:func:`load_plugins`)."""
 
 from __future__ import annotations
 

@@ -1,15 +1,11 @@
-"""The Activation slot in the probe: the model declares its function (``--activation``), every
-candidate is checked against it (``activation_kernels``) and the lock records it. The verdict
-(``judge``): every row by the one rule, then the function its float32 output matches (another is
-rejected; an approximation of the declared one only accepted, and recorded, under
-``--allow-approximation``).
-"""
+"""The Activation slot in the probe: the model's function (``--activation``), checked against and
+recorded; the verdict: every row by the one rule, then the function the candidate computes."""
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from kernel_lock.model import Site
@@ -136,6 +132,7 @@ class Activation(Slot):
     """An elementwise function of one tensor, no parameters."""
 
     kernels = "kernel_probe.slots.activation_kernels"
+    option_key = "function"  # the reference every candidate is checked against, in the lock
     option = Option(
         "--activation",
         "the model's activation function, the Activation slot's reference: gelu-erf "
@@ -154,14 +151,6 @@ class Activation(Slot):
                 fix="name the model's activation function, e.g. --activation gelu-erf",
             )
 
-    def canonical(self, declared: str, kind: str | None) -> dict[str, Any]:
-        """The model's function: the reference every candidate is checked against."""
-        return {"function": declared} if declared else {}
-
-    def inputs(self, declared: str, kind: str) -> dict[str, Any]:
-        """The function checked against."""
-        return {"activation": declared or activation.ACTIVATION.canonical["function"]}
-
     def static_problem(self, cand: Candidate, canonical: Mapping[str, Any]) -> Problem | None:
         """A registered class known to compute another function."""
         return static_problem(cand, declared_function(canonical))
@@ -175,16 +164,6 @@ class Activation(Slot):
         values, why = super().traced(site)
         problem = activation.function_problem(str(values.get("function", "")))
         return values, why or (f"function: {problem}" if problem else "")
-
-    def declaration(self, canonical: Mapping[str, Any], shapes: Sequence[str]) -> str:
-        """The traced model's function, as --activation names it."""
-        return str(canonical.get("function", ""))
-
-    def lock_keys(
-        self, values: Mapping[str, Any], kwargs: Mapping[str, Any], report: Report
-    ) -> dict[str, Any]:
-        """The model's function the candidates were checked against."""
-        return {"function": str(values["function"])}
 
 
 ACTIVATION = Activation(activation.ACTIVATION)

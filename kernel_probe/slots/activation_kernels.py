@@ -1,9 +1,6 @@
 """The Activation slot's measurements, in the worker (torch): ``y`` and ``dx`` on hard inputs
-against the float64 reference of the declared function (for ``other:module.Class``, that class in
-float64), torch.nn's own in the same dtype the baseline; and its timing. What a candidate computes
-is measured, not taken from its name (``identify``); where that is not the declared function, its
-rows are also measured against what it computes (``approx_cases``, for ``--allow-approximation``).
-"""
+against the declared function's float64 reference, torch.nn's own the baseline; what a candidate
+computes (``identify``), and its rows against that (``approx_cases``); its timing."""
 
 from __future__ import annotations
 
@@ -64,8 +61,7 @@ HINTS = {
 
 
 def function_of_other(function: str) -> Callable[[Any], Any]:
-    """A declared ``other:module.Class``: that class built with no arguments, run in the input's
-    dtype (in float64 it is the reference, in the checked dtype torch's baseline)."""
+    """A declared ``other:module.Class``, built with no arguments (reference and baseline)."""
     return measure.import_class(function[len(OTHER_FUNCTION) :])()
 
 
@@ -78,9 +74,8 @@ def functions_for(function: str) -> tuple[Callable[[Any], Any], Callable[[Any], 
 
 
 def cases(dtype: Any, gen: torch.Generator) -> dict[str, Any]:
-    """The check's inputs, each (ROWS, WIDTH) in ``dtype`` (the non-contiguous one a transposed 3-D
-    view of as many elements; ``lifecycle.VIEWS``: a 2-D ``x.t()`` and an ``x[..., ::2]`` view),
-    drawn in float64 on the CPU (the same values on every device)."""
+    """The check's inputs, each (ROWS, WIDTH) in ``dtype`` (some as views), drawn in float64 on
+    the CPU (the same values on every device)."""
     n = ROWS * WIDTH
 
     def signed(magnitudes: Any) -> Any:
@@ -157,11 +152,8 @@ def _measure(
 def _in_use(
     mod: Any, function: str, later: tuple[Any, Any, Any], flags: dict | None
 ) -> tuple[dict[str, dict[str, list[float]]], dict[str, dict[str, ErrorStats]]]:
-    """The cases of ``lifecycle`` after the first life's, on ``later`` (x for the inference cases;
-    x and grad_output for the second call, ``later_inputs``): the forward in eval
-    mode, under no_grad and under inference_mode (y only, torch's own in the training forward, the
-    same as its own), then a second forward and backward through the same instance on fresh inputs
-    (``after-update``: an activation has no parameter to update)."""
+    """The cases of ``lifecycle`` after the first life's, on ``later`` (``later_inputs``): the
+    inference forwards (y only), then a second call of the same instance on fresh inputs."""
     reference, own = functions_for(function)
     x, x2, go2 = later
     ref, base = reference(x.double()).detach(), own(x).detach().double()
@@ -185,9 +177,8 @@ def later_inputs(dtype: Any, gen: torch.Generator) -> tuple[Any, Any, Any]:
 
 
 def identify(mod: Any, declared: str, gen: torch.Generator) -> str:
-    """The function the candidate's float32 forward matches on the random and the gelu-gap inputs
-    (its max error within 4 x torch's own + 2 eps): the declared one first, then each known one; ""
-    when it matches none. A wrong backward is the rows' to reject."""
+    """The function the candidate's float32 forward matches (within the tolerance) on the random
+    and gelu-gap inputs, the declared one tried first; "" for none."""
     xs = cases(torch.float32, gen)
     names = ("random", "gelu-gap")
     gos = {
@@ -257,8 +248,8 @@ def build(cand: Candidate) -> Any:
 
 
 def _twin(cand: Candidate, mod: Any, gen: torch.Generator) -> dict[str, Any]:
-    """The portable twin on a random input: the largest relative difference of y or dx; the state
-    dicts interchange only when they have the same keys and shapes (both empty)."""
+    """The portable twin on a random input: the largest relative difference of y or dx, and
+    whether the state dicts interchange."""
     twin_cand = measure.twin_candidate(cand, "Activation")
     if twin_cand is None:
         return measure.no_twin()
@@ -273,10 +264,7 @@ def _twin(cand: Candidate, mod: Any, gen: torch.Generator) -> dict[str, Any]:
         return {"state_dict": "incompatible", "reason": why}
     mine, theirs = mod.state_dict(), twin.state_dict()
     same = set(mine) == set(theirs) and all(mine[k].shape == theirs[k].shape for k in mine)
-    worst = 0.0
-    for n in OUTPUTS:
-        scale = float(b[n].double().abs().max()) or 1.0
-        worst = max(worst, float((a[n].double() - b[n].double()).abs().max()) / scale)
+    worst = max(measure.rel(a[n], b[n], float(b[n].double().abs().max()) or 1.0) for n in OUTPUTS)
     out = {"state_dict": "interchangeable" if same else "incompatible", "max_error": worst}
     keys = f"state dict keys differ: {sorted(mine)} against the twin's {sorted(theirs)}"
     return out if same else {**out, "reason": keys}
@@ -328,8 +316,7 @@ def time_candidate(
     regime: str = "true",
     **_: Any,
 ) -> TimeReply:
-    """fwd+bwd at each shape (``ROWSxHIDDEN``: the activation applied to rows x hidden elements; a
-    Linear's ``ROWSxINxOUT`` times rows x out) with the timing module's clock and repetitions."""
+    """fwd+bwd at each shape: ROWSxHIDDEN elements (a Linear's ROWSxINxOUT: ROWSxOUT)."""
     tdev = torch_device(device)
 
     def run_shape(text: str, timed: Callable[[Callable[[], None]], TimingRow]) -> None:

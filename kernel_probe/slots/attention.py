@@ -1,10 +1,5 @@
-"""The Attention slot in the probe: the model declares its geometry and options
-(``--attention HEADSxHEAD_DIMxSEQ[:OPTIONS]``); the options are pinned and checked, what its calls
-pass (a mask's kind, grouped-query attention) checked, the geometry is what it is timed at;
-``attention_kernels`` measures it. The verdict (per output against torch's own
-error, docs/checks.md "Attention"; an input modified, a key outside the band that reaches an output,
-an option the model sets that the candidate ignores (rejected) or refuses (unavailable)): ``judge``.
-"""
+"""The Attention slot in the probe: ``--attention HEADSxHEAD_DIMxSEQ[:OPTIONS]`` (the geometry it
+is timed at, the options pinned and checked) and the verdict (docs/checks.md "Attention")."""
 
 from __future__ import annotations
 
@@ -30,16 +25,13 @@ if TYPE_CHECKING:
 
 __all__ = ["ATTENTION"]
 
-# ---- the geometry, as the command line writes it ----------------------------------------------
-# batch 1; window: the band's half-width (key j visible to query i iff |i - j| <= W; -1: global).
-# timing on a CPU: cheap; on a GPU: long enough to rank the backends without O96's cost. A default
-# gives sizes only, never an option: an option changes what the model computes, so only the model
-# sets one (issue 53: the GPU default's window=512 built a sliding window for a global model).
-# anemoi's O96 processor: 16 heads of 128 over 40,320 nodes, window 512 (anemoi-core PR #959)
+# ---- the geometry, as the command line writes it (batch 1) -------------------------------------
+# a default gives sizes only, never an option: only the model sets one (issue 53). O96: anemoi's
+# processor, 16 heads of 128 over 40,320 nodes, window 512 (anemoi-core PR #959)
 DEFAULT_GEOMETRY = {"cpu": "4x32x256", "gpu": "16x128x8192"}
 O96_GEOMETRY = "16x128x40320:window=512"
-# on a CPU, a longer sequence is refused before anything runs (``Attention.too_large``): 256x the
-# cost of 1,024 keys, minutes per call (docs/cli.md); a shorter one is estimated first (too_long)
+# on a CPU, a longer sequence is refused up front (``Attention.too_large``); a shorter one is
+# estimated first (``too_long``)
 CPU_MAX_SEQ = 16_384
 FORM = (
     "HEADSxHEAD_DIMxSEQ[:window=W][,softcap=C][,dropout=P][,alibi=true][,causal=true]"
@@ -54,9 +46,8 @@ _GEOMETRY = re.compile(r"^(\d+)x(\d+)x(\d+)(?::(.+))?$")
 
 @dataclass(frozen=True)
 class Geometry:
-    """One attention geometry: heads, head_dim, sequence length, and the model's options it names
-    (``window``, ``softcap``, ``dropout``, ``alibi``, ``causal``; absent: the slot's canonical
-    value) and what its calls pass (``mask``, ``kv_heads``; absent: none, as many as heads)."""
+    """One attention geometry: heads, head_dim, sequence length, and the ``OPTIONS`` it names
+    (absent: the slot's canonical value; no mask; as many key/value heads as heads)."""
 
     heads: int
     head_dim: int
@@ -120,8 +111,7 @@ def parse_geometry(text: str) -> Geometry:
     return Geometry(heads, dim, seq, tuple(options.items()))
 
 
-# a traced call's semantics -> (the geometry's option, the value that sets nothing); a value other
-# than that where the geometry has no such option is a call the slot cannot check yet
+# a traced call's semantics -> (the geometry's option, the value that sets nothing)
 _TRACED = {
     "window": ("window", -1),
     "dropout": ("dropout", 0.0),
@@ -158,8 +148,7 @@ def traced_options(semantics: Mapping[str, Any]) -> tuple[dict[str, Any], list[s
 
 def too_long(seq: int, measured_seq: int, seconds: float, calls: int) -> str:
     """Why a CPU does not time ``calls`` calls at ``seq`` keys, one having taken ``seconds`` at
-    ``measured_seq`` ("" where they fit the timing limit): every score is computed (a window is a
-    mask on a CPU, not less work), so the time grows with seq**2.
+    ``measured_seq`` ("" where they fit the timing limit): the time grows with seq**2.
 
     >>> too_long(40320, 1024, 0.6, 2)[:60]
     'not timed here: one forward and backward at 40,320 keys woul'
@@ -177,12 +166,13 @@ def too_long(seq: int, measured_seq: int, seconds: float, calls: int) -> str:
     )
 
 
+# the model's options, and what its calls pass: the value that means "the model sets none"
+UNSET: dict[str, Any] = {**attention.ATTENTION.canonical, **CALL_DEFAULTS}
+
+
 def canonical_options(overrides: Mapping[str, Any] | None) -> dict[str, Any]:
-    """The slot's canonical options (``SlotSpec.canonical``) and what its calls pass
-    (``CALL_DEFAULTS``), with the model's ``overrides``."""
-    c = {**attention.ATTENTION.canonical, **CALL_DEFAULTS}
-    c.update({k: v for k, v in (overrides or {}).items() if k in c})
-    return c
+    """``UNSET`` with the model's ``overrides``."""
+    return UNSET | {k: v for k, v in (overrides or {}).items() if k in UNSET}
 
 
 # ---- the verdict -------------------------------------------------------------------------------
@@ -204,9 +194,6 @@ HINTS = {
     lifecycle.TRANSPOSED: "q, k, v and grad_output with heads and sequence transposed",
     lifecycle.STRIDED: "q, k, v every other row of a sequence twice as long (a strided sequence)",
 }
-# the model's options, and what its calls pass: the value that means "the model sets none"
-UNSET: dict[str, Any] = {"window": -1, "softcap": 0.0, "dropout": 0.0, "alibi": False}
-UNSET |= {"causal": False, **CALL_DEFAULTS}
 FACTOR = 4.0
 FLOOR_EPS = 8.0
 # the outputs a case makes vanish by construction (out = v, dq = dk = 0: anemoi-core #1027)
@@ -225,9 +212,8 @@ def capability(option: str, value: Any) -> str:
 
 def tolerance(output: str, base: float, dtype: str, case: str = "") -> float:
     """The attention tolerance for ``output`` of ``case`` given torch's error ``base`` in
-    ``dtype`` (one rule for out, dq, dk and dv). An output that vanishes by construction
-    (``VANISHING``, measured against max|dv|) has float32's floor whatever the dtype: every correct
-    path forms it from float32 sums, rounded once at the end (docs/checks.md "Attention").
+    ``dtype``; an output that vanishes by construction (``VANISHING``) has float32's floor
+    (docs/checks.md "Attention").
 
     >>> tolerance("dq", 0.0, "bfloat16", "sharp-equal-values") == 8 * 2**-23
     True
@@ -246,14 +232,11 @@ def judge_row(cand: Candidate, device: str, row: MeasurementRow) -> Verdict:
     # the max error by the attention tolerance; the RMS error and the bias by the norms' rule
     found = rules.judge_cases(row, HINTS, max_tolerance=tolerance, baseline="torch's")
     flags = row.get("flags", {})
-    failed: list[str] = []
-    reasons: list[str] = []
-    if "band-leak" in flags:
-        failed.append("band-leak")
-        reasons.insert(0, flags["band-leak"])
-    if "input-modified" in flags:
-        failed.append("input-modified")
-        reasons.insert(0, f"modifies its input (seen on {flags['input-modified']})")
+    failed = [f for f in ("band-leak", "input-modified") if f in flags]
+    reasons = [
+        f"modifies its input (seen on {flags[f]})" if f == "input-modified" else flags[f]
+        for f in reversed(failed)
+    ]
     return rules.row_verdict(cand.id, device, row, found, failed=failed, reasons=reasons)
 
 
@@ -292,8 +275,8 @@ def judge(
 
 def keys_seen(g: Geometry) -> float:
     """The keys a query sees on average: the band's with a window, about half where causal."""
-    w = -1 if g.window is None else g.window
-    keys = float(g.seq if w < 0 else min(g.seq, 2 * w + 1))
+    w = g.window
+    keys = float(g.seq if w is None or w < 0 else min(g.seq, 2 * w + 1))
     return keys / 2 if dict(g.options).get("causal") else keys
 
 
@@ -333,8 +316,7 @@ class Attention(Slot):
         return declared or DEFAULT_GEOMETRY[kind]
 
     def canonical(self, declared: str, kind: str | None) -> dict[str, Any]:
-        """The options the geometry names (in a probe: the default geometry's where none is
-        declared)."""
+        """The options the geometry names (in a probe: the default geometry's, if none)."""
         value = declared if kind is None else self.resolved(declared, kind)
         return dict(parse_geometry(value).options) if value else {}
 
@@ -349,9 +331,7 @@ class Attention(Slot):
     provenance = inputs  # the lock's provenance records the geometry it was timed at
 
     def too_large(self, shape: str, kind: str) -> str:
-        """On a CPU, a sequence over ``CPU_MAX_SEQ`` keys (O96's 40,320): every score is computed
-        there, so a call costs minutes; one up to it is estimated before it is timed
-        (``too_long``)."""
+        """On a CPU, a sequence over ``CPU_MAX_SEQ`` keys (O96's 40,320): minutes a call."""
         g = parse_geometry(shape)
         if kind != "cpu" or g.seq <= CPU_MAX_SEQ:
             return ""

@@ -91,8 +91,7 @@ def cases(dtype: Any, gen: torch.Generator) -> list[Case]:
     h, d, s = CHECK_HEADS, CHECK_DIM, CHECK_SEQ
     randn = _randn(dtype, gen)
     out = [random_case(dtype, gen)]
-    # large logits: q and k share a large common part, so unscaled q.k is ~80,000 (over fp16's
-    # 65504) while the softmax stays soft (the common part cancels in it)
+    # large logits: a large common part of q and k makes unscaled q.k ~80,000 (over fp16's 65504)
     common = randn(1, h, 1, d, scale=50.0)
     q, k = common + randn(1, h, s, d, scale=0.05), common + randn(1, h, s, d, scale=0.05)
     out.append(Case("large-logits", q, k, randn(1, h, s, d), randn(1, h, s, d)))
@@ -109,8 +108,7 @@ def cases(dtype: Any, gen: torch.Generator) -> list[Case]:
         shape = (1, h, 16, dim)
         q, k, v, go = randn(*shape), randn(*shape), randn(*shape), randn(*shape)
         out.append(Case(f"head-dim-{dim}", q, k, v, go))
-    # issue 55's views that SDPA's kernels take (last dimension contiguous): heads and sequence
-    # transposed; every other row of a sequence twice as long (its gaps NaN: ``every_other_row``)
+    # issue 55's views SDPA's kernels take: heads and sequence transposed; a strided sequence
     q, k, v, go = (randn(1, s, h, d).transpose(1, 2) for _ in range(4))
     out.append(Case(lifecycle.TRANSPOSED, q, k, v, go))
     q, k, v = (every_other_row(randn(1, h, s, d)) for _ in "qkv")
@@ -239,11 +237,9 @@ def _band_edge(mod: Any, dtype: Any, gen: torch.Generator, opts: Options) -> str
 
 
 def _row(cand: Candidate, values: Mapping, name: str, regime: str, seed: int, shared: Any) -> Any:
-    # "mixed": under autocast the Linear layers before attention hand it q, k, v in the low dtype,
-    # so it is checked on inputs in that dtype, as in "true"
+    # "mixed" is checked on inputs in the low dtype, as in "true" (the Linear before it hands it)
     row: MeasurementRow = {"dtype": name, "regime": regime}
-    # a row draws its inputs in the same order for every candidate (one that raises ends the row),
-    # so the n-th case measured is the same case: torch's side of it is shared by call number
+    # every candidate draws a row's inputs in the same order: torch's side is shared by call number
     overrides = json.dumps(dict(values), sort_keys=True, default=str)
     key = ("Attention", overrides, name, regime, seed, str(torch.get_default_device()))
     sides: dict[int, tuple[Any, Any, Any]] = {} if shared is None else shared.get(key, dict)

@@ -1,7 +1,5 @@
-"""The Attention slot's float64 reference and torch's own paths, in the worker (torch): the
-attention a model computes with its options (window, softcap, alibi, causal), as its calls make it
-(a scale, an attn_mask of its kind, fewer key/value heads), in one formula; torch's math path and a
-correct fused kernel's ordering of the same, whose errors the candidate's are judged against."""
+"""The Attention slot's float64 reference (the model's options, as its calls make them) and
+torch's own paths, math and fused, whose errors the candidate's are judged against."""
 
 from __future__ import annotations
 

@@ -1,12 +1,6 @@
-"""The slot protocol's kernel_probe half: what the probe does for one slot.
-
-A :class:`Slot` pairs a slot's :class:`kernel_lock.slots.SlotSpec` with its behaviour: what the
-model declares of it, how its candidates are judged, timed and written into the lock, and what its
-worker runs. The defaults are those of a layer with parameters that maps one tensor (the norms,
-Linear); a slot overrides what differs, and a slot with its own measurements names their module
-(``kernels``). The generic stages call these methods and never name a slot. The probe's process
-never imports torch: the worker methods (``check``, ``try_once``, ``time``) run in the worker.
-"""
+"""The slot protocol's kernel_probe half: a :class:`Slot` pairs a slot's
+:class:`kernel_lock.slots.SlotSpec` with what the probe does for it (docs/architecture.md); its
+defaults are a one-tensor layer's with parameters. torch is imported in the worker methods only."""
 
 from __future__ import annotations
 
@@ -39,12 +33,9 @@ def dims(shape: str) -> tuple[int, ...]:
 
 @dataclass(frozen=True)
 class Use:
-    """What a model's trace says of one slot (:meth:`Slot.use`). ``canonical``: the semantics the
-    probe checks and the lock pins (those of the most calls); ``declared``: what they amount to as
-    the slot's option would say it ("" where it has none); ``weights``: each shape it is timed at,
-    and how many calls at that shape one forward makes (the choice's weights); ``covered``: the
-    sites the lock will pin; ``uncovered``: (site, why) for the others, left as the model has
-    them."""
+    """What a model's trace says of one slot (:meth:`Slot.use`): the semantics pinned (the most
+    calls'), as the slot's option says them, each shape timed at with its calls per forward, the
+    sites covered, and (site, why) for the others."""
 
     canonical: Mapping[str, Any] = field(default_factory=dict)
     declared: str = ""
@@ -91,12 +82,13 @@ class Slot:
     option: Option | None = None  # how the model declares the slot; None: nothing to declare
     summary_key: str = ""  # the key its declared value has in the probe's JSON summary
     footnote: str = ""  # a line `kernel-probe check` prints under the verdict tables
-    # the --shape it is timed at: ROWSxHIDDEN, Linear's ROWSxINxOUT (or ROWSxHIDDEN: a square
-    # weight); "": its own declaration's (Attention's --attention), never a --shape
-    shape_form: str = "ROWSxHIDDEN"
-    # the module of its own worker measurements (``check``, ``tiny_call``, ``time_candidate``,
-    # importing torch); "": the norms' and Linear's (``correctness``, ``timing``)
+    shape_form: str = "ROWSxHIDDEN"  # the --shape form timed at; "": its own declaration's
+    # the module of its own worker measurements (``check``, ``tiny_call``, ``time_candidate``);
+    # "": the one-tensor layers' (``correctness``, ``timing``)
     kernels: str = ""
+    option_key: str = (
+        ""  # the canonical key whose value the option declares (Activation's function)
+    )
 
     def __init__(self, spec: SlotSpec):
         self.spec = spec
@@ -119,12 +111,16 @@ class Slot:
         return declared
 
     def canonical(self, declared: str, kind: str | None) -> dict[str, Any]:
-        """The canonical values the declaration sets (``kind`` None: `check`, no default)."""
-        return {}
+        """The canonical values the declaration sets (``kind`` None: `check`, no default): its
+        value under ``option_key``."""
+        return {self.option_key: declared} if declared and self.option_key else {}
 
     def inputs(self, declared: str, kind: str) -> dict[str, Any]:
-        """What the digest of a probe's inputs covers of the declaration."""
-        return {}
+        """What the digest of a probe's inputs covers of the declaration: under the option's
+        name, the declared value, else the spec's canonical one."""
+        if not self.option_key or self.option is None:
+            return {}
+        return {self.option.dest: declared or self.spec.canonical[self.option_key]}
 
     def shapes(self, declared: str, kind: str, shapes: Sequence[str]) -> tuple[str, ...]:
         """The shapes the slot is timed at (the probe's, unless the slot has its own)."""
@@ -135,8 +131,7 @@ class Slot:
         return {}
 
     def too_large(self, shape: str, kind: str) -> str:
-        """Why a ``kind`` device cannot time the slot at ``shape`` ("": it can): the probe refuses
-        it before any worker starts (exit 3), never a failure after minutes."""
+        """Why a ``kind`` device cannot time the slot at ``shape`` ("": it can): exit 3 up front."""
         return ""
 
     def work(self, shape: str) -> float:
@@ -153,9 +148,8 @@ class Slot:
 
     # ---- what a model's trace says of the slot (``--model``; the probe's process) --------------
     def traced(self, site: Site) -> tuple[dict[str, Any], str]:
-        """(the semantics of ``site`` the lock would pin, why the slot cannot pin them or "").
-        By default the semantics the spec knows (its ``canonical`` and ``params``); a value its
-        ``params`` refuse (an eps of None where the slot takes a number) cannot be pinned."""
+        """(the semantics of ``site`` the spec knows, why the slot cannot pin them or ""): a
+        value its ``params`` refuse cannot be pinned."""
         known = {**self.spec.canonical, **self.spec.params}
         values = {
             k: None if v == NONE_VALUE else v for k, v in site.semantics.items() if k in known
@@ -172,7 +166,7 @@ class Slot:
 
     def site_shape(self, site: Site) -> tuple[str, int]:
         """(the shape ``site`` is timed at, how many of its calls one timed call is): the first
-        input's rows (its leading dimensions' product) x its last dimension, once."""
+        input's ROWSxLAST, once."""
         d = dims(site.shapes[0]) if site.shapes else ()
         if not d:
             raise ValueError(f"{site.where or '<model>'}: no input shape was traced")
@@ -180,15 +174,14 @@ class Slot:
 
     def declaration(self, canonical: Mapping[str, Any], shapes: Sequence[str]) -> str:
         """What the model's semantics amount to as the slot's option says it ("": none)."""
-        return ""
+        return str(canonical.get(self.option_key, "")) if self.option_key else ""
 
     def use(
         self, sites: Sequence[Site], refuse: Callable[[Mapping[str, Any]], str] = lambda _: ""
     ) -> Use:
         """The slot's sites as the probe uses them: the semantics of the most calls (ties: the
-        first site's) pinned, each covered site's shape weighted by its calls; a site with other
-        semantics, or semantics the slot cannot pin or ``refuse`` says why it cannot check, is not
-        covered (and named with why)."""
+        first site's) pinned, each covered site's shape weighted by its calls; the others (other
+        semantics, or ones the slot cannot pin or ``refuse`` refuses) named with why."""
         uncovered: list[tuple[str, str]] = []
         found: list[tuple[Site, dict[str, Any]]] = []
         for site in sites:
@@ -224,8 +217,7 @@ class Slot:
     # ---- judging, in the probe's process -----------------------------------------------------
     def contradiction(self, cand: Candidate, canonical: Mapping[str, Any]) -> str:
         """Where ``cand``'s declaration pins a value of the model's semantics other than the
-        model's (``elementwise_affine = true``, for a model whose norm has none): the lock would
-        pin it. "" where it pins none."""
+        model's (the lock would pin it); "" where it pins none."""
         for k, v in cand.kwargs.items():
             if k in canonical and not str(v).startswith("$") and v != canonical[k]:
                 return f"{cand.target} is declared with {k}={_value(v)}; the model's is " + (
@@ -234,8 +226,8 @@ class Slot:
         return ""
 
     def static_problem(self, cand: Candidate, canonical: Mapping[str, Any]) -> Problem | None:
-        """Why ``cand`` cannot be the slot's kernel, known before anything is imported (by
-        default: its ``contradiction`` of the model's semantics)."""
+        """Why ``cand`` cannot be the slot's kernel, known before any import (its
+        ``contradiction``)."""
         from kernel_probe.probe.report import Problem  # the judge imports the candidates' parser
 
         why = self.contradiction(cand, canonical)
@@ -258,9 +250,11 @@ class Slot:
     def lock_keys(
         self, values: Mapping[str, Any], kwargs: Mapping[str, Any], report: Report
     ) -> dict[str, Any]:
-        """The slot's own lock keys (``SlotSpec.keys``) for the chosen candidate: ``values`` are
-        the slot's canonical values, ``kwargs`` the candidate's pinned ones."""
-        return {}
+        """The slot's own lock keys (``SlotSpec.keys``) for the chosen candidate: one with a
+        ``derive`` computed from its pinned ``kwargs``, another as its canonical ``values`` hold."""
+        keys = self.spec.keys
+        derived = {k.name: k.derive(kwargs) for k in keys if k.derive is not None}
+        return derived | {k.name: values[k.name] for k in keys if k.name in values and not k.derive}
 
     def evidence(self, report: Report) -> Callable[[str], dict[str, Any]]:
         """Per dtype, what the slot adds to an evidence row of the lock."""

@@ -1,13 +1,9 @@
-"""The GatedMLP slot in the probe: anemoi's GatedMLPLayer, checked for a model whose gated
-``mlp_implementation`` is declared (``--mlp-implementation``); ``gated_mlp_kernels`` measures it.
-The verdict: every compared output by the one rule, then a state dict not anemoi's, an input
-modified, or an output matching one of the formula's known mistakes (``MISTAKES``).
-"""
+"""The GatedMLP slot in the probe (``--mlp-implementation``); the verdict: every output by the one
+rule, then a state dict not anemoi's, an input modified, or a known mistake (``MISTAKES``)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from kernel_lock.slots import gated_mlp
 from kernel_probe.errors import UsageError
@@ -92,6 +88,7 @@ class GatedMLP(Slot):
         choices=gated_mlp.GATED,
     )
     kernels = "kernel_probe.slots.gated_mlp_kernels"
+    option_key = "mlp_implementation"  # the gate, pinned in the slot's kwargs (the lock's gate)
 
     def refuse(self, declared: str) -> None:
         """An mlp_implementation that is not gated."""
@@ -100,28 +97,9 @@ class GatedMLP(Slot):
         except ValueError as exc:
             raise UsageError(f"--mlp-implementation: {exc}") from None
 
-    def canonical(self, declared: str, kind: str | None) -> dict[str, Any]:
-        """The model's gate, pinned in the slot's kwargs."""
-        return {"mlp_implementation": declared} if declared else {}
-
-    def inputs(self, declared: str, kind: str) -> dict[str, Any]:
-        """The mlp_implementation checked against."""
-        default = gated_mlp.GATED_MLP.canonical["mlp_implementation"]
-        return {"mlp_implementation": declared or default}
-
-    def declaration(self, canonical: Mapping[str, Any], shapes: Sequence[str]) -> str:
-        """The traced model's mlp_implementation, as --mlp-implementation names it."""
-        return str(canonical.get("mlp_implementation", ""))
-
     def judge(self, raw, cand, device, base, canonical, policy) -> Report:
         """Per output against the formula's float64 reference."""
         return judge(raw, cand, device, base)
-
-    def lock_keys(
-        self, values: Mapping[str, Any], kwargs: Mapping[str, Any], report: Report
-    ) -> dict[str, Any]:
-        """The formula of the mlp_implementation it pins."""
-        return {"gate": gated_mlp.formula(str(kwargs.get("mlp_implementation", "")))}
 
 
 GATED_MLP = GatedMLP(gated_mlp.GATED_MLP)

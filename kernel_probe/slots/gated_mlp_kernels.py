@@ -1,17 +1,14 @@
-"""The GatedMLP slot's checks, in the worker (torch): anemoi's gated MLP layer, fwd and bwd, built
-as the lock builds it, loaded strictly under anemoi's keys with parameters neither ones nor zeros,
-at anemoi's shapes (``canonical``). Every output is compared with the formula's float64 reference
-and torch's own gated layer (``own_layer``); a known mistake (``MISTAKES``) is named, and the state
-dict is checked against anemoi's both ways (strict, bitwise).
-"""
+"""The GatedMLP slot's checks, in the worker (torch): anemoi's gated MLP layer built as the lock
+builds it, loaded strictly under anemoi's keys, every output against the formula's float64
+reference and torch's own layer (``own_layer``); a known mistake named; the state dict's round
+trip; its timing."""
 
 from __future__ import annotations
 
 import math
-import statistics
 import time
 import types
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -26,9 +23,10 @@ from kernel_probe.isolation.protocol import (
     ErrorStats,
     MeasurementRow,
     TimeReply,
+    TimingProgressMessage,
     TimingRow,
 )
-from kernel_probe.probe import lifecycle, measure, repetitions, timing
+from kernel_probe.probe import lifecycle, measure, timing
 from kernel_probe.shapes import parse_shape
 from kernel_probe.slots.gated_mlp import (
     FLAG_INPUT_MODIFIED,
@@ -176,29 +174,26 @@ def _row(
     if problem:
         row["flags"][FLAG_STATE_DICT] = problem
         return row
-    mod = mod.to(device=tdev, dtype=param_dtype)
-    base = own_layer(values)[0].to(device=tdev, dtype=param_dtype)
-    params = parameters(values["in_features"], values["out_features"], gen, bool(values["bias"]))
-    for m in (mod, base):  # strict: a candidate without anemoi's keys fails here
-        m.load_state_dict({k: t.to(param_dtype) for k, t in params.items()}, strict=True)
-    # the reference from the parameters as the candidate holds them (rounded), on the CPU
-    held = {k: t.to(param_dtype).to(torch.float64) for k, t in params.items()}
     run = _Run(values, function, (dtype, param_dtype, autocast), gen, row)
-    run.mods, run.held = (mod, base), held
+    params = parameters(values["in_features"], values["out_features"], gen, bool(values["bias"]))
+    # strict: a candidate without anemoi's keys fails here
+    run.mods = tuple(run.load(m, params, tdev) for m in (mod, own_layer(values)[0]))
+    # the reference from the parameters as the candidate holds them (rounded), on the CPU
+    run.held = {k: t.to(param_dtype).to(torch.float64) for k, t in params.items()}
     try:
         for case in FIRST:
-            x, ys = run.case(case, (mod, base), held, 3.0 if case == "wide-gate" else 1.0)
+            x, ys = run.case(case, scale=3.0 if case == "wide-gate" else 1.0)
             if case == "random":
-                _mistake(row, *ys, x.double().cpu(), held, function)
+                _mistake(row, *ys, x.double().cpu(), run.held, function)
         # the cases in use at CHECK_IN (at anemoi's width they would outlast the check's budget)
-        small = run if values["in_features"] == CHECK_IN else run.small(cand, (mod, base))
+        small = run if values["in_features"] == CHECK_IN else run.small(cand)
         for case in lifecycle.VIEWS:
-            small.case(case, small.mods, small.held)
-        _in_use(small, cand, small.mods, dtype_name)
+            small.case(case)
+        _in_use(small, cand)
     except Exception as exc:
         row["exception"] = measure.first_line(exc, 400)
         return row
-    row["twin"] = _twin(cand, values, mod, x, autocast)
+    row["twin"] = _twin(cand, values, run.mods[0], x, autocast)
     row["seconds"] = time.perf_counter() - start
     return row
 
@@ -215,18 +210,31 @@ class _Run:
         self.mods: tuple[Any, Any] = (None, None)  # the candidate and torch's own, loaded
         self.held: dict[str, Any] = {}  # their parameters as held, float64
 
-    def small(self, cand: Candidate, mods: tuple[Any, Any]) -> _Run:
-        """The same passes at CHECK_IN wide, on a fresh candidate and torch's own, loaded, after a
-        first random pass (recorded with the row's ``random``)."""
+    @property
+    def device(self) -> Any:
+        """Where torch's own module (and so the candidate) runs."""
+        return next(self.mods[1].parameters()).device
+
+    def load(self, mod: Any, state: Mapping[str, Any], device: Any = None) -> Any:
+        """``mod`` on the device and parameter dtype, loaded strictly with ``state``."""
+        mod = mod.to(device=device or self.device, dtype=self.param_dtype)
+        mod.load_state_dict({k: t.to(self.param_dtype) for k, t in state.items()}, strict=True)
+        return mod
+
+    def build(self, cand: Candidate, values: Mapping[str, Any]) -> Any:
+        """A fresh candidate on the device, in the parameter dtype."""
+        return measure.build(cand, values, self.device, self.param_dtype)
+
+    def small(self, cand: Candidate) -> _Run:
+        """The same passes at CHECK_IN wide on a fresh, loaded pair, after a first random pass."""
         values = canonical(self.values, CHECK_IN)
         run = _Run(values, self.function, self.dtypes, self.gen, self.row)
-        device = next(mods[1].parameters()).device
         n_in, n_out = values["in_features"], values["out_features"]
         params = parameters(n_in, n_out, self.gen, bool(values["bias"]))
-        built = measure.build(cand, values, device, self.param_dtype), own_layer(values)[0]
-        run.mods = (_loaded(built[0], params, run, device), _loaded(built[1], params, run, device))
+        built = self.build(cand, values), own_layer(values)[0]
+        run.mods = tuple(run.load(m, params, self.device) for m in built)
         run.held = _held(run.mods[1])
-        run.case("random", run.mods, run.held)
+        run.case("random")
         return run
 
     def inputs(self, device: Any, scale: float = 1.0, n_out: int = 0) -> tuple[Any, Any]:
@@ -237,11 +245,12 @@ class _Run:
         return x.to(device=device, dtype=self.dtype), gy.to(device=device, dtype=self.dtype)
 
     def case(
-        self, name: str, mods: tuple[Any, Any], held: Mapping, scale: float = 1.0, xy: Any = None
+        self, name: str, mods: Any = None, held: Any = None, scale: float = 1.0, xy: Any = None
     ) -> tuple[Any, tuple[Any, Any]]:
-        """One case's forward and backward of the candidate and torch's own (``mods``) with the
-        parameters ``held`` (``lifecycle.VIEWS``: x as that view), judged: x, both outputs."""
-        x, gy = xy or self.inputs(next(mods[1].parameters()).device, scale)
+        """One case's fwd+bwd of the candidate and torch's own (``mods``, else the run's) with the
+        parameters ``held`` (else the run's), judged: x, both outputs."""
+        mods, held = mods or self.mods, held or self.held
+        x, gy = xy or self.inputs(self.device, scale)
         x = lifecycle.view(name, x) if name in lifecycle.VIEWS else x
         ref = _reference_pass(x.double().cpu(), gy.double().cpu(), held, self.function)
         got, ours = (_pass(m, x, gy, self.autocast) for m in mods)
@@ -266,12 +275,10 @@ def _held(mod: Any) -> dict[str, Any]:
     return {k: t.detach().double().cpu() for k, t in mod.state_dict().items() if k in PARAMS}
 
 
-def _in_use(run: _Run, cand: Candidate, mods: tuple[Any, Any], dtype_name: str) -> None:
-    """The cases after the first life (``lifecycle``; docs/checks.md "GatedMLP"): the forward in
-    eval mode, under no_grad and inference_mode; a second life after an in-place update of every
-    parameter (torch's own given the same); a fresh candidate loaded from torch's own state dict at
-    in = out, and torch's own loaded back from it; in fp16 and bf16, the overflow case."""
-    device = next(mods[1].parameters()).device
+def _in_use(run: _Run, cand: Candidate) -> None:
+    """The cases after the first life (``lifecycle``; docs/checks.md "GatedMLP"), and in fp16 and
+    bf16 the overflow case."""
+    mods, device = run.mods, run.device
     x = run.inputs(device)[0]
     ref = reference(x.double().cpu(), _held(mods[1]), run.function)
     for case in lifecycle.INFERENCE:
@@ -284,40 +291,23 @@ def _in_use(run: _Run, cand: Candidate, mods: tuple[Any, Any], dtype_name: str) 
         lifecycle.update_in_place(m, deltas)
     run.case(lifecycle.AFTER_UPDATE, mods, _held(mods[1]))
     square = {**run.values, "out_features": run.values["in_features"]}
-    source = _loaded(
-        own_layer(square)[0],
-        parameters(square["in_features"], square["in_features"], run.gen, bool(square["bias"])),
-        run,
-        device,
-    )
-    fresh = _loaded(
-        measure.build(cand, square, device, run.param_dtype), source.state_dict(), run, device
-    )
-    back = _loaded(own_layer(square)[0], fresh.state_dict(), run, device)
-    xy = run.inputs(device, n_out=square["out_features"])
+    n = square["in_features"]
+    source = run.load(own_layer(square)[0], parameters(n, n, run.gen, bool(square["bias"])))
+    fresh = run.load(run.build(cand, square), source.state_dict())
+    back = run.load(own_layer(square)[0], fresh.state_dict())
+    xy = run.inputs(device, n_out=n)
     for m in (fresh, back):
         run.case(lifecycle.LOADED, (m, source), _held(source), xy=xy)
-    if dtype_name in LOW:
+    if run.row["dtype"] in LOW:
         params = _overflowing(run.values, run.gen, bool(run.values["bias"]))
         x, gy = run.inputs(device)
         x[:, 0], gy = 1.0, gy * 0.01  # the gate's offset (its first column); gy * v fits fp16
-        mods = (
-            _loaded(measure.build(cand, run.values, device, run.param_dtype), params, run, device),
-            _loaded(mods[1], params, run, device),
-        )
+        mods = (run.load(run.build(cand, run.values), params), run.load(mods[1], params))
         run.case("overflow", mods, _held(mods[1]), xy=(x, gy))
 
 
-def _loaded(mod: Any, state: Mapping[str, Any], run: _Run, device: Any) -> Any:
-    """``mod`` on the row's device and parameter dtype, loaded strictly with ``state``."""
-    mod = mod.to(device=device, dtype=run.param_dtype)
-    mod.load_state_dict({k: t.to(run.param_dtype) for k, t in state.items()}, strict=True)
-    return mod
-
-
 def _overflowing(values: Mapping[str, Any], gen: Any, bias: bool) -> dict[str, Any]:
-    """Parameters for the overflow case (x's first column 1): gate pre-activations -6..-2 (the
-    first gate column), values of spread 1e4 (|v| up to ~4e4, within fp16's 65504), so
+    """Parameters for the overflow case (x's first column 1): gate -6..-2, |v| up to ~4e4, so
     ``gate(g) * v`` fits fp16 and ``(g * v) * sigma(g)`` does not."""
     n_in, n_out, f64 = values["in_features"], values["out_features"], torch.float64
     gate = 0.1 * torch.randn(n_out, n_in, generator=gen, dtype=f64) / math.sqrt(n_in)
@@ -418,51 +408,32 @@ def time_candidate(
     shapes: list[str],
     dtype_name: str,
     options: Mapping[str, Any],
-    *,
+    progress: Callable[[TimingProgressMessage], None] | None = None,
     regime: str = "true",
     canonical_overrides: Mapping[str, Any] | None = None,
     **_: Any,
 ) -> TimeReply:
     """fwd+bwd at each ``ROWSxIN`` shape (out: anemoi's gated hidden width), fixed repetitions."""
-    opts = {**timing.DEFAULT_OPTIONS, **options, "mode": "fixed"}
     tdev, dtype = torch_device(device), measure.torch_dtype(dtype_name)
     param_dtype = torch.float32 if regime == "mixed" else dtype
-    autocast = (tdev, dtype) if regime == "mixed" else None
-    clock = timing._Clock(device)
-    rows_out: list[TimingRow] = []
-    for shape in shapes:
-        rows, width = parse_shape(shape)[:2]
-        head = TimingRow(implementation=cand.id, shape=shape, dtype=dtype_name, regime=regime)
-        try:
-            values = canonical(canonical_overrides, width)
-            mod = measure.build(cand, values, tdev, param_dtype)
-            x = torch.randn(rows, width, device=tdev, dtype=dtype, requires_grad=True)
-            gy = torch.randn(rows, values["out_features"], device=tdev, dtype=dtype)
 
-            def step(mod: Any = mod, x: Any = x, gy: Any = gy) -> None:
-                with measure.autocasting(autocast):
-                    y = mod(x)
-                y.backward(gy)
+    def run_shape(text: str, timed: Callable[[Callable[[], None]], TimingRow]) -> None:
+        rows, width = parse_shape(text)[:2]
+        values = canonical(canonical_overrides, width)
+        mod = measure.build(cand, values, tdev, param_dtype)
+        x = torch.randn(rows, width, device=tdev, dtype=dtype, requires_grad=True)
+        gy = torch.randn(rows, values["out_features"], device=tdev, dtype=dtype)
 
-            compile_s = timing._first_call(clock, step, None)
-            samples, how = timing.repeat(clock, step, opts)
-        except Exception as exc:
-            rows_out.append({**head, "error": measure.first_line(exc, 400)})
-            continue
-        median, out = statistics.median(samples), values["out_features"]
+        def step() -> None:
+            mod(x).backward(gy)
+
+        row = timed(step)
+        seconds, out = row["median_ms"] / 1e3, values["out_features"]
         # the least a fwd+bwd moves: x and dy in, y and dx out, both weights read twice and their
         # grads written
         moved = dtype.itemsize * (2 * rows * width + 2 * rows * out + 6 * width * out)
-        rows_out.append(
-            {
-                **head,
-                "median_ms": median * 1e3,
-                "spread": repetitions.spread(samples),
-                "gbps": moved / median / 1e9,
-                "reps": len(samples),
-                "compile_s": compile_s,
-                "tflops": 12 * rows * width * out / median / 1e12,
-                "timed": how,
-            }
-        )
-    return TimeReply(candidate=cand.id, device=device, rows=rows_out)
+        row["gbps"] = moved / seconds / 1e9
+        row["tflops"] = 12 * rows * width * out / seconds / 1e12
+
+    opts = {**options, "mode": "fixed"}
+    return timing.step_rows(cand.id, device, shapes, dtype_name, opts, progress, run_shape, regime)

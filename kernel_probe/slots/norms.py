@@ -1,7 +1,5 @@
 """The LayerNorm and RMSNorm slots in the probe: the protocol's defaults, but a traced site's
-shape, whose hidden size is its normalized shape (all of its trailing dimensions), and an eps of
-None (torch.nn.RMSNorm's own, float32's machine epsilon as torch computes it) covered by the
-inputs' digest."""
+hidden size is its normalized shape, and an eps of None is covered by the inputs' digest."""
 
 from __future__ import annotations
 
@@ -15,8 +13,7 @@ from .base import Slot, dims
 
 __all__ = ["LAYER_NORM", "RMS_NORM"]
 
-# what the digest records of a canonical eps of None (a lock probed when RMSNorm's was pinned 1e-6,
-# liger's default and not torch's, records nothing and is not reused: issue 53)
+# the digest's record of a canonical eps of None (issue 53: a lock probed with 1e-6 is not reused)
 EPS_NONE = "torch's eps=None"
 
 
