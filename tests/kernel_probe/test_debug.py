@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from kernel_probe.commands import locks
+from kernel_probe.probe import derive
 from tests.conftest import run_cli, write_sealed
 from tests.kernel_probe.test_json_failures import CASES, _argv, minimal
 
@@ -80,8 +81,11 @@ def test_a_bug_or_an_interrupt_is_the_same_with_debug(raised, code, tmp_path, ca
     ],
 )
 def test_what_a_command_prints_and_writes_is_the_same_with_debug(
-    argv, code, tmp_path, capsys, no_workers
+    argv, code, tmp_path, capsys, no_workers, monkeypatch
 ):
+    # one clock for both runs: a derived lock's created-at could otherwise cross a second between
+    # them under load (its digest with it)
+    monkeypatch.setattr(derive, "now", lambda: "2026-12-01T00:00:00Z")
     k, out = minimal(tmp_path), tmp_path / "out.toml"
     k.write_text(k.read_text().replace("\n", "\n# a hand edit rehash seals\n", 1))
     argv = [a.format(k=k, out=out) for a in argv]
