@@ -250,11 +250,6 @@ def read_marker(path: str, limit: int = MARKER_BYTES) -> tuple[str | None, str]:
     return data.decode("utf-8", errors="replace").partition("\n")[0].strip() or None, ""
 
 
-def first_line(path: str) -> str | None:
-    """The first line of the marker file at ``path`` (None when it cannot be read)."""
-    return read_marker(path)[0]
-
-
 def detect_site(
     env: Mapping[str, str] | None = None,
     *,
@@ -265,7 +260,7 @@ def detect_site(
     env = os.environ if env is None else env
     found = []
     for m in markers:
-        if value := env.get(m.name) if m.kind == "env" else first_line(m.name):
+        if value := env.get(m.name) if m.kind == "env" else read_marker(m.name)[0]:
             found.append({"signal": f"{m.kind}:{m.name}", "value": value, "hint": m.hint})
     return {
         "hostname": hostname if hostname is not None else socket.gethostname(),
