@@ -180,13 +180,9 @@ def site_facts(
             said.append(f"detect file {path}: {problem}")
         return value
 
-    return SiteFacts(
-        env=os.environ if env is None else env,
-        hostname=str(site.get("hostname") or ""),
-        slurm=dict(site.get("slurm") or {}),
-        device=device,
-        read_file=read_file or read_marker_file,
-    )
+    hostname, slurm = str(site.get("hostname") or ""), dict(site.get("slurm") or {})
+    env = os.environ if env is None else env
+    return SiteFacts(env, hostname, slurm, device, read_file or read_marker_file)
 
 
 # ---- a described node ----------------------------------------------------------------------------

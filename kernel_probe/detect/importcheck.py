@@ -32,7 +32,7 @@ from typing import Any
 
 from kernel_lock.files import UnsafeFile, UnsafeWrite, private_dir, read_regular, write_file
 from kernel_probe import __version__
-from kernel_probe.detect.host import usable_cores
+from kernel_probe.detect.host import read_lines, usable_cores
 from kernel_probe.isolation.child import (
     ChildResult,
     child_environment,
@@ -259,11 +259,7 @@ def cache_key(
     """The hex digest of everything an import check's answer depends on."""
     e = os.environ if env is None else env
     paths = [str(p) for p in extra_paths] + [p for p in sys.path if p]
-    try:
-        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as fh:
-            boot = fh.read().strip()
-    except OSError:
-        boot = ""
+    boot = "".join(read_lines("/proc/sys/kernel/random/boot_id")).strip()
     facts = {
         "format": FORMAT,
         "kernel_probe": __version__,
