@@ -259,10 +259,8 @@ def detect_site(
 ) -> dict[str, Any]:
     """The hostname, the Slurm variables set and the site markers found."""
     env = os.environ if env is None else env
-    found = []
-    for m in markers:
-        if value := env.get(m.name) if m.kind == "env" else read_marker(m.name)[0]:
-            found.append({"signal": f"{m.kind}:{m.name}", "value": value, "hint": m.hint})
+    seen = ((m, env.get(m.name) if m.kind == "env" else read_marker(m.name)[0]) for m in markers)
+    found = [{"signal": f"{m.kind}:{m.name}", "value": v, "hint": m.hint} for m, v in seen if v]
     return {
         "hostname": hostname if hostname is not None else socket.gethostname(),
         "slurm": {name: env[name] for name in SLURM_VARIABLES if name in env},
