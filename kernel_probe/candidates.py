@@ -53,15 +53,15 @@ class Candidate:
 
     def pinned_kwargs(self, canonical: Mapping[str, Any]) -> dict[str, Any]:
         """The keyword arguments the lock pins, with the canonical values filled in."""
-        filled = {k: fill(v, canonical) for k, v in self.kwargs.items()}
-        return {**filled, **{k: v for k, v in self.optional(canonical).items() if k not in filled}}
+        return self._pinned(self.kwargs, canonical)
 
     def pinned_twin_kwargs(self, canonical: Mapping[str, Any]) -> dict[str, Any]:
         """The twin's keyword arguments, with the canonical values filled in."""
-        if not self.twin_target:
-            return {}
-        filled = {k: fill(v, canonical) for k, v in self.twin_kwargs.items()}
-        return {**filled, **{k: v for k, v in self.optional(canonical).items() if k not in filled}}
+        return self._pinned(self.twin_kwargs, canonical) if self.twin_target else {}
+
+    def _pinned(self, templates: Mapping[str, Any], canonical: Mapping[str, Any]) -> dict[str, Any]:
+        filled = {k: fill(v, canonical) for k, v in templates.items()}
+        return filled | {k: v for k, v in self.optional(canonical).items() if k not in filled}
 
     def optional(self, canonical: Mapping[str, Any]) -> dict[str, Any]:
         """Its slots' keywords pinned only where the model sets them (``SlotSpec.optional``: the
@@ -80,9 +80,7 @@ class Candidate:
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> Candidate:
         """The candidate from :meth:`to_json`'s object, lists back to tuples."""
-        d = dict(d)
-        for key in ("slots", "args", "devices"):
-            d[key] = tuple(d.get(key, ()))
+        d = {**d, **{key: tuple(d.get(key, ())) for key in ("slots", "args", "devices")}}
         d["archs"] = {k: tuple(v) for k, v in dict(d.get("archs") or {}).items()}
         return cls(**d)
 
@@ -97,9 +95,7 @@ class Candidate:
         """How to install the candidate's library for ``device``; '' where there is no build."""
         if device in self.install:
             return self.install[device]
-        if self.distribution:
-            return f"pip install {self.distribution}"
-        return ""
+        return f"pip install {self.distribution}" if self.distribution else ""
 
 
 def arch_satisfies(arch: str, wanted: str) -> bool:
@@ -327,7 +323,7 @@ def from_command_line(text: str) -> Candidate:
     slot, target = m.group("slot"), m.group("target")
     if slot not in SPECS:
         raise UsageError(f"--candidate {text!r}: unknown slot {slot!r}; {slot_name_fix(slot)}")
-    if any(part.startswith("_") for part in target.split(".")):
+    if private(target):
         fix = "offer a public class of an importable library, e.g. LayerNorm=mylib.FastLayerNorm"
         raise UsageError(f"--candidate {text!r}: {target!r} {PRIVATE}", fix=fix)
     default = default_for(slot)

@@ -132,11 +132,10 @@ def claim_path(out: Path, rank: JobRank) -> Path:
     return out.parent / f".{out.name}.job-{rank.key}.claim"
 
 
-def node_dir(out: Path, rank: JobRank, env: Mapping[str, str] | None = None) -> Path:
+def node_dir(out: Path, rank: JobRank) -> Path:
     """The node-local directory this job's ranks on one node share for ``out``."""
-    env = os.environ if env is None else env
     shm = "/dev/shm" if os.path.isdir("/dev/shm") else "/tmp"
-    root = env.get(NODE_DIR_ENV) or env.get("TMPDIR") or shm
+    root = os.environ.get(NODE_DIR_ENV) or os.environ.get("TMPDIR") or shm
     tag = hashlib.sha256(f"{out}\0{rank.key}".encode()).hexdigest()[:16]
     return Path(root) / f"kernel-probe-{os.getuid()}" / tag
 

@@ -77,7 +77,8 @@ def _evaluate(
         tried.append(("files", ok, f"file:{path}={value}", f"file:{path}"))
     for kind, var in NAMED_BY.items():
         if kind in signals:
-            value = facts.slurm_value(var) if var else facts.hostname
+            # a Slurm setting from the environment, else from the Slurm configuration
+            value = (facts.env.get(var) or facts.slurm.get(var)) if var else facts.hostname
             ok = bool(value) and any(_search(p, value or "", kind, notes) for p in signals[kind])
             tried.append((kind, ok, f"{kind}:{value}", kind))
     if dev := signals.get("device", {}):

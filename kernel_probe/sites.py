@@ -128,11 +128,6 @@ def survey(extra: Iterable[str] = ()) -> Survey:
     return out
 
 
-def available(extra: Iterable[str] = ()) -> dict[str, Profile]:
-    """Every valid profile by name (see :func:`survey`)."""
-    return survey(extra).profiles
-
-
 def names_file(spec: str) -> bool:
     """Whether ``--profile`` names a profile file (a '/' in it, or ending in .toml), not a name."""
     return "/" in spec or spec.endswith(".toml")
@@ -167,10 +162,6 @@ class SiteFacts:
     device: Mapping[str, Any]
     read_file: Callable[[str], str | None]
 
-    def slurm_value(self, name: str) -> str | None:
-        """A Slurm setting from the environment, else from the Slurm configuration."""
-        return self.env.get(name) or self.slurm.get(name)
-
 
 def site_facts(
     site: Mapping[str, Any],
@@ -189,13 +180,9 @@ def site_facts(
             said.append(f"detect file {path}: {problem}")
         return value
 
-    return SiteFacts(
-        env=os.environ if env is None else env,
-        hostname=str(site.get("hostname") or ""),
-        slurm=dict(site.get("slurm") or {}),
-        device=device,
-        read_file=read_file or read_marker_file,
-    )
+    hostname, slurm = str(site.get("hostname") or ""), dict(site.get("slurm") or {})
+    env = os.environ if env is None else env
+    return SiteFacts(env, hostname, slurm, device, read_file or read_marker_file)
 
 
 # ---- a described node ----------------------------------------------------------------------------
@@ -214,14 +201,10 @@ class Node:
     files: Mapping[str, str] = field(default_factory=dict)
 
 
-def examples_dir() -> Path:
-    """The directory of the built-in node descriptions (``kernel_probe/profiles/sites/nodes``)."""
-    return builtin_dir() / "nodes"
-
-
 def examples() -> dict[str, Path]:
-    """The shipped example descriptions by name (the built-in profile each describes)."""
-    return {p.stem: p for p in sorted(examples_dir().glob("*.json"))}
+    """The shipped example descriptions (``kernel_probe/profiles/sites/nodes``) by name (the
+    built-in profile each describes)."""
+    return {p.stem: p for p in sorted((builtin_dir() / "nodes").glob("*.json"))}
 
 
 def load_node(spec: str) -> Node:

@@ -65,7 +65,8 @@ SLURM_VARIABLES = (
 MARKER_BYTES = 64 << 10  # a marker file is one short line
 
 
-def _lines(path: str) -> list[str]:
+def read_lines(path: str) -> list[str]:
+    """The lines of the text file at ``path`` (its first MiB); none when it cannot be read."""
     try:
         with open(path, encoding="utf-8", errors="replace") as fh:
             return fh.read(1 << 20).splitlines()
@@ -75,7 +76,7 @@ def _lines(path: str) -> list[str]:
 
 def _os_release() -> str | None:
     found = (
-        ln.split("=", 1)[1] for ln in _lines("/etc/os-release") if ln.startswith("PRETTY_NAME=")
+        ln.split("=", 1)[1] for ln in read_lines("/etc/os-release") if ln.startswith("PRETTY_NAME=")
     )
     return next(found, "").strip().strip('"') or None
 
@@ -112,7 +113,7 @@ def usable_cores() -> int | None:
 def _meminfo() -> dict[str, int]:
     out: dict[str, int] = {}
     with contextlib.suppress(ValueError, IndexError):
-        for key, _, rest in (line.partition(":") for line in _lines("/proc/meminfo")):
+        for key, _, rest in (line.partition(":") for line in read_lines("/proc/meminfo")):
             if key in ("MemTotal", "MemAvailable"):
                 out[key] = int(rest.split()[0]) * 1024
     return out
@@ -148,7 +149,7 @@ def memory() -> dict[str, int | None]:
 
 def cpu_flags(cpuinfo: str | None = None) -> set[str] | None:
     """The CPU's feature flags (the first ``flags`` or ``Features`` line); None when unreadable."""
-    lines = _lines("/proc/cpuinfo") if cpuinfo is None else cpuinfo.splitlines()
+    lines = read_lines("/proc/cpuinfo") if cpuinfo is None else cpuinfo.splitlines()
     for line in lines:
         key, sep, value = line.partition(":")
         if sep and key.strip().lower() in ("flags", "features"):
@@ -250,11 +251,6 @@ def read_marker(path: str, limit: int = MARKER_BYTES) -> tuple[str | None, str]:
     return data.decode("utf-8", errors="replace").partition("\n")[0].strip() or None, ""
 
 
-def first_line(path: str) -> str | None:
-    """The first line of the marker file at ``path`` (None when it cannot be read)."""
-    return read_marker(path)[0]
-
-
 def detect_site(
     env: Mapping[str, str] | None = None,
     *,
@@ -263,10 +259,8 @@ def detect_site(
 ) -> dict[str, Any]:
     """The hostname, the Slurm variables set and the site markers found."""
     env = os.environ if env is None else env
-    found = []
-    for m in markers:
-        if value := env.get(m.name) if m.kind == "env" else first_line(m.name):
-            found.append({"signal": f"{m.kind}:{m.name}", "value": value, "hint": m.hint})
+    seen = ((m, env.get(m.name) if m.kind == "env" else read_marker(m.name)[0]) for m in markers)
+    found = [{"signal": f"{m.kind}:{m.name}", "value": v, "hint": m.hint} for m, v in seen if v]
     return {
         "hostname": hostname if hostname is not None else socket.gethostname(),
         "slurm": {name: env[name] for name in SLURM_VARIABLES if name in env},

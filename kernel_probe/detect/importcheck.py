@@ -17,7 +17,6 @@ saw them) is as it was.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 import os
@@ -33,7 +32,7 @@ from typing import Any
 
 from kernel_lock.files import UnsafeFile, UnsafeWrite, private_dir, read_regular, write_file
 from kernel_probe import __version__
-from kernel_probe.detect.host import usable_cores
+from kernel_probe.detect.host import read_lines, usable_cores
 from kernel_probe.isolation.child import (
     ChildResult,
     child_environment,
@@ -260,11 +259,7 @@ def cache_key(
     """The hex digest of everything an import check's answer depends on."""
     e = os.environ if env is None else env
     paths = [str(p) for p in extra_paths] + [p for p in sys.path if p]
-    try:
-        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as fh:
-            boot = fh.read().strip()
-    except OSError:
-        boot = ""
+    boot = "".join(read_lines("/proc/sys/kernel/random/boot_id")).strip()
     facts = {
         "format": FORMAT,
         "kernel_probe": __version__,
@@ -300,11 +295,10 @@ class ImportCache:
             return None
         if not self._ready:
             try:
-                mine = functools.partial(private_dir, variable=CACHE_DIR_ENV)
-                if not self.folder.parent.exists():  # ~/.cache on a new account: made private too
-                    mine(self.folder.parent)
-                mine(self.folder)
-                mine(self.folder / "imports")
+                # ~/.cache on a new account: made private too
+                new = () if self.folder.parent.exists() else (self.folder.parent,)
+                for folder in (*new, self.folder, self.folder / "imports"):
+                    private_dir(folder, variable=CACHE_DIR_ENV)
             except (UnsafeWrite, OSError) as exc:
                 self.problem = f"the import-check cache is off: {exc}"
                 return None
@@ -352,7 +346,6 @@ def check_import(
     timeout: float = DEFAULT_TIMEOUT,
     extra_paths: Sequence[str] = (),
     env: Mapping[str, str] | None = None,
-    python: str | None = None,
     started: Callable[[subprocess.Popen[bytes]], None] | None = None,
     cache: ImportCache | None = None,
 ) -> dict[str, Any]:
@@ -362,22 +355,21 @@ def check_import(
         request = ImportCheckRequest(module=request)
     if request.probe not in PROBES:
         raise ValueError(f"unknown probe {request.probe!r}")
-    keyed, key = cache is not None and python is None, ""
+    key = ""
     args: dict[str, Any] = dict(child_source=CHILD_SOURCE, extra_paths=extra_paths, env=env)
-    if keyed and cache is not None and cache.read:
+    if cache is not None and cache.read:
         key = cache_key(request, **args)
-        found = cache.load(key)
-        if found is not None:
+        if (found := cache.load(key)) is not None:
             return {**classify(found[0], timeout), "cached": found[1]}
 
     def _started(proc: subprocess.Popen[bytes]) -> None:
         nonlocal key
         if started is not None:
             started(proc)
-        if keyed and not key:  # --fresh: the key is worked out while the child imports
+        if cache is not None and not key:  # --fresh: the key is worked out while the child imports
             key = cache_key(request, **args)
 
-    call: dict[str, Any] = dict(source=CHILD_SOURCE, teardown=True, timeout=timeout, python=python)
+    call: dict[str, Any] = dict(source=CHILD_SOURCE, teardown=True, timeout=timeout)
     call.update(env=child_environment(extra_paths, env), started=_started)
     child = run_function("", "check", request, **call)
     if key and cache is not None:

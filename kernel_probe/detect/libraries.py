@@ -20,8 +20,6 @@ from typing import Any
 from kernel_lock import registry
 from kernel_probe.tables import TableReader
 
-LIBRARY_KEYS = ("name", "distributions", "module", "check", "about", "variant")
-VARIANT_KEYS = ("key", "label", "has-any", "text-in", "usable")
 TRITON = "triton"  # the module
 # distribution -> the backend its builds target when its RECORD lists no triton/backends/ (2.x)
 TRITON_DISTRIBUTIONS: dict[str, str] = {
@@ -66,11 +64,11 @@ def read_libraries(r: TableReader, d: Mapping[str, Any]) -> tuple[KnownLibrary, 
     libs = []
     for i, lib in enumerate(d.get("library", [])):
         where = f"library[{i}]."
-        r.no_unknown(lib, LIBRARY_KEYS, where)
+        r.no_unknown(lib, ("name", "distributions", "module", "check", "about", "variant"), where)
         variants = []
         for j, v in enumerate(lib.get("variant", [])):
             at = f"{where}variant[{j}]."
-            r.no_unknown(v, VARIANT_KEYS, at)
+            r.no_unknown(v, ("key", "label", "has-any", "text-in", "usable"), at)
             text_in = v.get("text-in", [])
             if not all(
                 isinstance(x, list) and len(x) == 2 and all(isinstance(s, str) for s in x)
@@ -203,7 +201,7 @@ def installed_for(candidates: Sequence[Any]) -> dict[str, str]:
     out = {}
     for name in sorted(by_library(candidates)):
         found = locate(known(name))  # type: ignore[arg-type]  # by_library names known ones
-        version = found.distributions[found.distribution] if found.distribution else "installed"
+        version = next(iter(found.distributions.values()), "installed")
         out[name] = version if found.installed else ""
     return out
 

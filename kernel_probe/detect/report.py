@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import glob
+import importlib
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -179,12 +180,6 @@ def triton_entry(
     }
 
 
-def _import_torch() -> Any:
-    import torch  # the one costly import of ``env``
-
-    return torch
-
-
 def _torch_and_devices(
     torch: Any | None, nvml: NvmlList, errors: list[dict[str, str]]
 ) -> dict[str, Any]:
@@ -197,7 +192,8 @@ def _torch_and_devices(
             errors.append({"where": where, "error": failure(exc)})
             return None
 
-    torch = attempt("import torch", _import_torch) if torch is None else torch
+    if torch is None:  # the one costly import of ``env``
+        torch = attempt("import torch", importlib.import_module, "torch")
     torch_like = torch if torch is not None else _NO_TORCH
     out: dict[str, Any] = {"torch": None, "device": None, "accelerators": [], "fingerprint": None}
     if torch is not None:

@@ -281,7 +281,7 @@ def test_read_marker_takes_the_first_line(tmp_path, content, value):
     path = tmp_path / "systemname"
     path.write_text(content)
     assert host.read_marker(str(path)) == (value, "")
-    assert host.first_line(str(path)) == value
+    assert host.read_marker(str(path))[0] == value
 
 
 def test_read_marker_of_an_absent_file_is_silent(tmp_path):

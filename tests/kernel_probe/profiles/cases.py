@@ -253,7 +253,7 @@ CONTRADICTIONS = [
 
 # ---- 5. weak signals never decide alone ----------------------------------------------------------
 def described_node(tmp_path: Path, base: str, **changes) -> Path:
-    data = json.loads((sites.examples_dir() / f"{base}.json").read_text())
+    data = json.loads(sites.examples()[base].read_text())
     for key, value in changes.items():
         data[key] = value
     p = tmp_path / f"{base}-changed.json"

@@ -34,7 +34,7 @@ def test_auto_detection_picks_each_builtin(name):
     env, host, cluster, device, files = SIGNALS[name]
     if cluster:
         env = {**env, "SLURM_CLUSTER_NAME": cluster}
-    found = sites.available().values()
+    found = sites.survey().profiles.values()
     prof, matched, _ = profile_match.auto_detect(
         found,
         {"hostname": host, "slurm": {}},
@@ -50,7 +50,7 @@ def test_auto_detection_picks_each_builtin(name):
 
 def test_nid_hostname_alone_is_not_lumi():
     prof, matched, _ = profile_match.auto_detect(
-        sites.available().values(),
+        sites.survey().profiles.values(),
         {"hostname": "nid001234"},
         {"type": "cuda"},
         env={},
@@ -61,7 +61,7 @@ def test_nid_hostname_alone_is_not_lumi():
 
 def test_juwels_via_systemname_env():
     prof, matched, _ = profile_match.auto_detect(
-        sites.available().values(),
+        sites.survey().profiles.values(),
         {"hostname": "x"},
         {"type": "cuda"},
         env={"SYSTEMNAME": "juwelsbooster"},

@@ -39,7 +39,7 @@ for name in SUBCOMMANDS:
     build_subparser(name)  # every subcommand's flags and help texts, as `--help` builds them
 builtin = str(sites.builtin_dir())
 at_import = sorted(p for p in opened if p.startswith(builtin))
-found = sites.available()
+found = sites.survey().profiles
 on_use = sorted({p for p in opened if p.startswith(builtin)})
 print(json.dumps({"at_import": at_import, "on_use": on_use, "found": sorted(found)}))
 """
@@ -61,10 +61,10 @@ def test_the_builtin_profiles_are_read_on_first_use_not_at_import():
 def test_a_survey_is_read_when_called(tmp_path, monkeypatch):
     """A profile written after import is found: nothing is cached at import time."""
     monkeypatch.delenv(sites.ENV_VAR, raising=False)
-    assert "mine" not in sites.available([str(tmp_path)])
+    assert "mine" not in sites.survey([str(tmp_path)]).profiles
     text = (sites.builtin_dir() / "cpu.toml").read_text().replace('name = "cpu"', 'name = "mine"')
     (tmp_path / "mine.toml").write_text(text)
-    assert sites.available([str(tmp_path)])["mine"].path == str(tmp_path / "mine.toml")
+    assert sites.survey([str(tmp_path)]).profiles["mine"].path == str(tmp_path / "mine.toml")
 
 
 def test_the_required_sites_are_shipped():

@@ -181,6 +181,6 @@ def test_missing_builtins_are_not_hidden_by_a_user_directory(broken_install, tmp
 
 def test_missing_builtins_error_is_an_input_file_error(broken_install):
     with pytest.raises(sites.BuiltinProfilesMissing) as info:
-        sites.available()
+        sites.survey()
     assert info.value.exit_code == 5 and info.value.path == str(broken_install)
     assert "reinstall" in (info.value.fix or "")
