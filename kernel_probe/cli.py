@@ -69,7 +69,7 @@ _JSON = {  # what a subcommand's --json prints (one not here has no --json)
 _MODULES: dict[str, tuple[str, ...]] = {  # the subcommands of a shared module (else their own)
     "locks": ("verify", "show", "rehash", "explain", "diff", "lock"),
     "anemoi": ("export", "check-config"),
-    "check_model": ("check-model",),
+    "model": ("check-model",),
 }
 EXIT_NOW = ("env",)  # see Subcommand.exit_now
 

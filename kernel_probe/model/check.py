@@ -118,13 +118,10 @@ def check(
     timeout: float = DEFAULT_TIMEOUT,
     device: str = "",
 ) -> Check:
-    """The model ``spec`` names, as written and with the lock at ``lock`` applied, through a
-    forward and backward, ``steps`` SGD steps, eval, no-grad and a state-dict round trip, in a
-    child. :class:`UsageError` (exit 2) for a bad spec or step count; the lock's own error (exit
-    5 malformed, 3 unusable here) before any child; :class:`InputFileError` (exit 5) where the
-    model's code fails; :class:`ProbeError` (exit 1) where the child hangs or dies. ``device``
-    (cpu, cuda; default :func:`device_for`'s): :class:`DeviceAbsent` (exit 3) where it is not
-    here."""
+    """The model ``spec`` names, as written and with the lock applied, through the phases (the
+    module's docstring), in a child on ``device`` (:func:`device_for`). Exit 2: a bad spec or step
+    count; the lock's own error before any child; 5: the model's code fails; 1: the child hangs or
+    dies; 3 (:class:`DeviceAbsent`): the device is not here."""
     parsed = parse_spec(spec)
     if not 1 <= steps <= MAX_STEPS:
         fix = f"pass --steps between 1 and {MAX_STEPS}"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from kernel_lock.model import Model, Site, Unreached
 from kernel_lock.schema import Context
@@ -79,7 +80,11 @@ def trace_with_notes(
     trust: Sequence[str] = (),
     timeout: float = DEFAULT_TIMEOUT,
 ) -> Traced:
-    """:func:`trace`, with what the trace noted."""
+    """Every call site of every slot in one forward and backward of the model ``spec`` names
+    (``path/to/file.py:callable``, ``package.module:callable``, ``anemoi:CONFIG``), traced in a
+    child process under ``precision``, with what the trace noted. :class:`UsageError` (exit 2) for a
+    bad spec; :class:`InputFileError` (exit 5) where the model's code fails; :class:`ProbeError`
+    (exit 1) where the child hangs past ``timeout`` seconds or dies."""
     parsed = parse_spec(spec)
     if precision not in PRECISIONS:
         raise UsageError(
@@ -97,16 +102,6 @@ def trace_with_notes(
     return traced
 
 
-def trace(
-    spec: str,
-    *,
-    precision: str = "32-true",
-    trust: Sequence[str] = (),
-    timeout: float = DEFAULT_TIMEOUT,
-) -> Model:
-    """Every call site of every slot in one forward and backward of the model ``spec`` names
-    (``path/to/file.py:callable``, ``package.module:callable``, ``anemoi:CONFIG``), traced in a
-    child process under ``precision``. :class:`UsageError` (exit 2) for a bad spec;
-    :class:`InputFileError` (exit 5) where the model's code fails; :class:`ProbeError` (exit 1)
-    where the child hangs past ``timeout`` seconds or dies."""
-    return trace_with_notes(spec, precision=precision, trust=trust, timeout=timeout).model
+def trace(spec: str, **options: Any) -> Model:
+    """The model of :func:`trace_with_notes` (its options: precision, trust, timeout)."""
+    return trace_with_notes(spec, **options).model
