@@ -77,8 +77,9 @@ EXIT_NOW = ("env",)  # see Subcommand.exit_now
 def _sub(name: str, help: str) -> Subcommand:
     module = next((m for m, names in _MODULES.items() if name in names), name)
     fn = name.replace("-", "_")
-    json = _JSON.get(name)
-    return Subcommand(module, f"add_{fn}_arguments", f"run_{fn}", help, json, name in EXIT_NOW)
+    return Subcommand(
+        module, f"add_{fn}_arguments", f"run_{fn}", help, _JSON.get(name), name in EXIT_NOW
+    )
 
 
 SUBCOMMANDS: dict[str, Subcommand] = {name: _sub(name, help) for name, help in _HELP.items()}
@@ -147,13 +148,8 @@ def _option_strings(parser: argparse.ArgumentParser) -> list[str]:
     out: list[str] = []
     for action in parser._actions:
         out += action.option_strings
-        subs = action.choices.values() if isinstance(action.choices, dict) else ()
-        out += [
-            o
-            for sub in subs
-            if isinstance(sub, argparse.ArgumentParser)
-            for o in _option_strings(sub)
-        ]
+        if isinstance(action, argparse._SubParsersAction):
+            out += [o for sub in action.choices.values() for o in _option_strings(sub)]
     return out
 
 
