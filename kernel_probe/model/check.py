@@ -13,8 +13,7 @@ import kernel_lock
 from kernel_lock.errors import ExitCode, LockError
 from kernel_probe.errors import ProbeError, UsageError
 from kernel_probe.isolation.child import child_environment, run_function
-from kernel_probe.model.spec import parse_spec
-from kernel_probe.model.tracing import DEFAULT_TIMEOUT, failure
+from kernel_probe.model.tracing import DEFAULT_TIMEOUT, failure, parse_spec
 
 __all__ = ["DEFAULT_STEPS", "DEVICES", "MAX_STEPS", "Check", "DeviceAbsent", "check", "device_for"]
 

@@ -27,10 +27,10 @@ from torch.overrides import TorchFunctionMode
 from kernel_lock import slots as specs
 from kernel_lock.model import Site, Unreached, function_site
 from kernel_lock.slots import PRECISIONS, SlotSpec
-from kernel_probe.model.sites import functions
-from kernel_probe.model.spec import ANEMOI, ANEMOI_BUILDER
+from kernel_lock.slots.base import Functional, bound
+from kernel_probe.model.tracing import ANEMOI, ANEMOI_BUILDER
 
-__all__ = ["ModelCodeError", "Recorder", "trace_model"]
+__all__ = ["Function", "ModelCodeError", "Recorder", "functions", "trace_model"]
 
 # autocast's rule on a GPU, emulated so that the meta device follows it too: these run in the
 # regime's dtype, these in float32; every other op in what it receives
@@ -41,6 +41,37 @@ _LOW = {F.linear, F.scaled_dot_product_attention, F.conv1d, F.conv2d, F.conv3d, 
 _FLOAT32 = {F.layer_norm, torch.layer_norm, F.group_norm, F.softmax, F.log_softmax, torch.softmax,
             torch.log_softmax, torch.Tensor.softmax, torch.Tensor.log_softmax, F.cross_entropy,
             F.mse_loss}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Function:
+    """A torch function of a slot: its public name, its name, and the slot's knowledge of it."""
+
+    slot: str
+    call: str
+    name: str
+    functional: Functional
+
+    def inputs(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[torch.Tensor]:
+        """The call's tensor inputs, in the slot's order (their shapes are the site's)."""
+        given = bound(args, kwargs, self.functional.args)
+        return [t for n in self.functional.inputs if isinstance(t := given.get(n), torch.Tensor)]
+
+
+def functions() -> dict[Any, Function]:
+    """Every torch callable of a function a slot routes (the slots registered now), by the
+    callable: ``torch.nn.functional``'s first, then ``torch``'s own of the same name
+    (``F.layer_norm`` and ``torch.layer_norm`` are both ``layer_norm``). What a call site computes
+    with, which modules are sites and their public names are the slots' (``SlotSpec.calls``,
+    ``kernel_lock.slots.site_of``, ``public_name``): what ``kernel_lock.apply`` reads too."""
+    found: dict[Any, Function] = {}
+    for spec in specs.SPECS.values():
+        for name, functional in (spec.calls.functions if spec.calls else {}).items():
+            for path, where in (("torch.nn.functional", F), ("torch", torch)):
+                fn = getattr(where, name, None)
+                if fn is not None and fn not in found:
+                    found[fn] = Function(spec.name, f"{path}.{name}", name, functional)
+    return found
 
 
 class ModelCodeError(Exception):
