@@ -75,7 +75,7 @@ class _Run:
         self.sites = _Sites(model, sites)
         self.device = next(model.parameters(), torch.empty(0)).device
 
-    def forward(self, model: nn.Module | None = None) -> Values:
+    def forward(self, model: nn.Module | None = None, raw: bool = False) -> Values:
         _Run.blame = "lock" if model is not None or self.role == "applied" else self.role
         model = model or self.model
         self.sites.outputs.clear()
@@ -83,12 +83,14 @@ class _Run:
         torch.manual_seed(SEED)
         outs = _floats(model(*self.args, **self.kwargs))
         found: Values = {f"site {w}": t for w, t in self.sites.outputs.items()}
-        return found | {"output": [o.detach().clone() for o in outs], "_raw": outs}
+        return (
+            found | {"output": [o.detach().clone() for o in outs]} | ({"_raw": outs} if raw else {})
+        )
 
     def train(self) -> Values:
         """A forward and backward: the loss, outputs, site outputs and gradients."""
         self.model.zero_grad(set_to_none=True)
-        values = self.forward()
+        values = self.forward(raw=True)
         loss = torch.stack([o.double().square().mean() for o in values.pop("_raw")]).sum()
         with warnings.catch_warnings():  # a site none of whose inputs needs a gradient: fine
             warnings.filterwarnings("ignore", "Full backward hook is firing", UserWarning)
@@ -112,18 +114,15 @@ class _Run:
         with torch.no_grad() if mode == "no-grad" else torch.enable_grad():
             values = self.forward()
         self.model.train()
-        values.pop("_raw")
         return values
 
-    def loaded(self, state: bytes, into: nn.Module) -> Values:
-        """A deep copy of ``into`` (this run's model: its hooks record here) loading ``state``."""
+    def loaded(self, state: bytes) -> Values:
+        """A deep copy of this run's model (its hooks record here) loading ``state``."""
         _Run.blame = "lock"
-        model = copy.deepcopy(into)
+        model = copy.deepcopy(self.model)
         model.load_state_dict(torch.load(io.BytesIO(state), weights_only=True))
         with torch.no_grad():
-            values = self.forward(model)
-        values.pop("_raw")
-        return values
+            return self.forward(model)
 
 
 def _saved(model: nn.Module) -> bytes:
@@ -142,7 +141,7 @@ def _phases(runs: list[_Run], steps: int) -> Iterator[tuple[str, Callable[[], li
         return [r.train() for r in runs]
 
     def loaded(state: bytes, into: _Run) -> list[Values]:
-        return [written.plain("no-grad"), into.loaded(state, into.model), ref.plain("no-grad")]
+        return [written.plain("no-grad"), into.loaded(state), ref.plain("no-grad")]
 
     yield "in the first forward and backward", lambda: [r.train() for r in runs]
     for i in range(1, steps + 1):
