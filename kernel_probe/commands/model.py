@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 from kernel_lock.errors import ExitCode
@@ -56,17 +56,6 @@ def semantics_text(semantics: Mapping[str, Any]) -> str:
     return " ".join(f"{k}={_value(v)}" for k, v in semantics.items())
 
 
-def _print_whole(title: str, columns: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
-    """One line a site (for logs and grep): every column as wide as its widest cell."""
-    tbl = output.table(title)
-    for i, name in enumerate(columns):
-        width = max([len(name), *(len(r[i]) for r in rows)])
-        tbl.add_column(name, no_wrap=True, min_width=width, justify="right" if i == 3 else "left")
-    for r in rows:
-        tbl.add_row(*r)
-    output.print_table(tbl)
-
-
 def render(model: Model) -> None:
     """The call-site table, then the sites out of reach."""
     rows = [
@@ -83,7 +72,7 @@ def render(model: Model) -> None:
     ]
     title = f"model {model.spec} (traced: {model.traced}; {model.digest[:19]}...)"
     columns = ("site", "slot", "call", "calls", "shapes", "dtype", "semantics")
-    _print_whole(safe(title), columns, rows)
+    print_rows(safe(title), columns, rows, right=("calls",), whole=True)  # one line a site
     if not model.sites:
         output.console().print("no call site of any slot found")
     if model.unreached:
