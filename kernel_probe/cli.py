@@ -126,10 +126,15 @@ class _Parser(argparse.ArgumentParser):
         fix = self.near_miss or _misspelt_options(message, self) or f"see {self.prog} --help"
         if self.on_error is not None:
             self.on_error(message)
-        if self.json_wanted:
-            output.print_json(output.failure(message, ExitCode.USAGE, kind="UsageError", fix=fix))
-        output.error(f"{message}\n  fix: {fix}")
-        self.exit(ExitCode.USAGE)
+        self.exit(_usage_failure(message, fix, self.json_wanted))
+
+
+def _usage_failure(problem: str, fix: str, json: bool) -> int:
+    """A usage error on stderr, and as ``--json``'s failure on stdout with ``json``; exit 2."""
+    if json:
+        output.print_json(output.failure(problem, ExitCode.USAGE, kind="UsageError", fix=fix))
+    output.error(f"{problem}\n  fix: {fix}")
+    return ExitCode.USAGE
 
 
 def _misspelt_options(message: str, parser: argparse.ArgumentParser) -> str | None:
@@ -220,11 +225,7 @@ def _main(argv: list[str]) -> int:
             cut = rest.index("--")
             rest, overrides = rest[:cut], rest[cut + 1 :]
     elif (wrong := unknown_subcommand(argv[0]) if argv else None) is not None:
-        problem, fix = wrong
-        if "--json" in argv:
-            output.print_json(output.failure(problem, ExitCode.USAGE, kind="UsageError", fix=fix))
-        output.error(f"{problem}\n  fix: {fix}")
-        return ExitCode.USAGE
+        return _usage_failure(*wrong, "--json" in argv)
     else:
         parser, run = _probe_parser(argv)
     parser.json_wanted = "--json" in rest

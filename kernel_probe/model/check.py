@@ -100,12 +100,8 @@ class Check:
         keys = ("spec", "lock", "steps", "device", "device_why", "verdict", "why")
         body = {k.replace("_", "-"): getattr(self, k) for k in keys}
         body |= {"sites": list(self.sites), "first": self.first, "phases": list(self.phases)}
-        return (
-            body
-            | {"losses-agree-to": self.losses_agree_to, "worst-ratio": self.worst_ratio}
-            | {"timing": self.timing}
-            | {"notes": list(self.notes)}
-        )
+        body |= {"losses-agree-to": self.losses_agree_to, "worst-ratio": self.worst_ratio}
+        return body | {"timing": self.timing, "notes": list(self.notes)}
 
 
 def check(
