@@ -69,7 +69,7 @@ _JSON = {  # what a subcommand's --json prints (one not here has no --json)
 _MODULES: dict[str, tuple[str, ...]] = {  # the subcommands of a shared module (else their own)
     "locks": ("verify", "show", "rehash", "explain", "diff", "lock"),
     "anemoi": ("export", "check-config"),
-    "check_model": ("check-model",),
+    "model": ("check-model",),
 }
 EXIT_NOW = ("env",)  # see Subcommand.exit_now
 
@@ -77,8 +77,9 @@ EXIT_NOW = ("env",)  # see Subcommand.exit_now
 def _sub(name: str, help: str) -> Subcommand:
     module = next((m for m, names in _MODULES.items() if name in names), name)
     fn = name.replace("-", "_")
-    json = _JSON.get(name)
-    return Subcommand(module, f"add_{fn}_arguments", f"run_{fn}", help, json, name in EXIT_NOW)
+    return Subcommand(
+        module, f"add_{fn}_arguments", f"run_{fn}", help, _JSON.get(name), name in EXIT_NOW
+    )
 
 
 SUBCOMMANDS: dict[str, Subcommand] = {name: _sub(name, help) for name, help in _HELP.items()}
@@ -125,10 +126,15 @@ class _Parser(argparse.ArgumentParser):
         fix = self.near_miss or _misspelt_options(message, self) or f"see {self.prog} --help"
         if self.on_error is not None:
             self.on_error(message)
-        if self.json_wanted:
-            output.print_json(output.failure(message, ExitCode.USAGE, kind="UsageError", fix=fix))
-        output.error(f"{message}\n  fix: {fix}")
-        self.exit(ExitCode.USAGE)
+        self.exit(_usage_failure(message, fix, self.json_wanted))
+
+
+def _usage_failure(problem: str, fix: str, json: bool) -> int:
+    """A usage error on stderr, and as ``--json``'s failure on stdout with ``json``; exit 2."""
+    if json:
+        output.print_json(output.failure(problem, ExitCode.USAGE, kind="UsageError", fix=fix))
+    output.error(f"{problem}\n  fix: {fix}")
+    return ExitCode.USAGE
 
 
 def _misspelt_options(message: str, parser: argparse.ArgumentParser) -> str | None:
@@ -147,13 +153,8 @@ def _option_strings(parser: argparse.ArgumentParser) -> list[str]:
     out: list[str] = []
     for action in parser._actions:
         out += action.option_strings
-        subs = action.choices.values() if isinstance(action.choices, dict) else ()
-        out += [
-            o
-            for sub in subs
-            if isinstance(sub, argparse.ArgumentParser)
-            for o in _option_strings(sub)
-        ]
+        if isinstance(action, argparse._SubParsersAction):
+            out += [o for sub in action.choices.values() for o in _option_strings(sub)]
     return out
 
 
@@ -224,11 +225,7 @@ def _main(argv: list[str]) -> int:
             cut = rest.index("--")
             rest, overrides = rest[:cut], rest[cut + 1 :]
     elif (wrong := unknown_subcommand(argv[0]) if argv else None) is not None:
-        problem, fix = wrong
-        if "--json" in argv:
-            output.print_json(output.failure(problem, ExitCode.USAGE, kind="UsageError", fix=fix))
-        output.error(f"{problem}\n  fix: {fix}")
-        return ExitCode.USAGE
+        return _usage_failure(*wrong, "--json" in argv)
     else:
         parser, run = _probe_parser(argv)
     parser.json_wanted = "--json" in rest

@@ -119,11 +119,15 @@ def print_rows(
     *,
     wrap: Sequence[str] = (),
     right: Sequence[str] = (),
+    whole: bool = False,
 ) -> None:
-    """Print ``rows`` (cells made ``safe``) as a :func:`table`, wrapping only ``wrap`` columns."""
-    tbl = table(title)
-    for col in columns:
-        tbl.add_column(col, no_wrap=col not in wrap, justify="right" if col in right else "left")
+    """Print ``rows`` (cells made ``safe``) as a :func:`table`, wrapping only ``wrap`` columns
+    (``whole``: none, every column as wide as its widest cell, for logs and grep)."""
+    tbl, rows = table(title), list(rows)
+    for i, col in enumerate(columns):
+        width = max([len(col), *(len(r[i]) for r in rows)]) if whole else None
+        justify = "right" if col in right else "left"
+        tbl.add_column(col, no_wrap=col not in wrap, justify=justify, min_width=width)
     for row in rows:
         tbl.add_row(*row)
     print_table(tbl)

@@ -107,8 +107,7 @@ def run_check(args: argparse.Namespace) -> int:
     slots = args.slot or [s.name for s in slot_behaviour.SLOTS.values() if s.spec.by_default]
     canonical = {}
     for s in slot_behaviour.SLOTS.values():
-        declared = getattr(args, s.option.dest) if s.option is not None else ""
-        if declared:
+        if declared := (getattr(args, s.option.dest) if s.option is not None else ""):
             s.refuse(declared)
             canonical[s.name] = s.canonical(declared, None)
     progress = None if args.json else (lambda slot, cid: output.info(f"checking {slot}: {cid} ..."))
@@ -152,7 +151,7 @@ def _not_importable(reports: Mapping[str, list[Report]]) -> ForcedUnusable | Non
         r
         for rs in reports.values()
         for r in rs
-        if r.id.startswith("custom:") and r.status in UNJUDGED
+        if r.id.startswith("custom:") and r.status == "unavailable"  # never ran: not imported
     ]
     if not offered:
         return None
@@ -190,8 +189,6 @@ def _graph_attention(backends: Sequence[str], dtypes: Sequence[str], as_json: bo
     return 0
 
 
-# the status of a candidate that never ran: its class could not be imported (or cannot run here)
-UNJUDGED = ("unavailable",)
 STATUS_STYLE = {
     "accepted": "green",
     "rejected": "red",
@@ -255,9 +252,9 @@ def render_verdicts(
         "cells: worst error / tolerance (< 1 passes; tolerance = 4 x torch.nn's own error + 2 "
         "eps); +amp: under torch.autocast with fp32 parameters"
     )
-    for name in reports:
-        if slot_behaviour.slot(name).footnote:
-            con.print(slot_behaviour.slot(name).footnote)
+    for footnote in (slot_behaviour.slot(name).footnote for name in reports):
+        if footnote:
+            con.print(footnote)
 
 
 def _notes(con: Any, rep: Report) -> None:

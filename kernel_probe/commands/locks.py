@@ -46,7 +46,9 @@ add_show_arguments = output.add_lock_argument  # the arguments of ``kernel-probe
 def run_show(args: argparse.Namespace) -> int:
     """``kernel-probe show [LOCK]``: the lock's pins, fingerprint and evidence, as text or JSON."""
     lock = output.open_lock(args, check_targets=False)
-    resolved = [as_locked(lock, name) for name in _every_slot(lock)]
+    # the lock's slots, then every other slot this kernel_lock knows (each resolves to its default)
+    every = [*lock.slots, *(name for name in kernel_lock.SLOTS if name not in lock.slots)]
+    resolved = [as_locked(lock, name) for name in every]
     if args.json:
         output.print_json(
             {**lock.to_dict(), "resolves-to": {r.slot: r.to_json() for r in resolved}}
@@ -64,7 +66,7 @@ def run_show(args: argparse.Namespace) -> int:
     fields += [(f"library {safe(n)}", safe(f.value), f.match) for n, f in env.libraries.items()]
     print_rows("environment", ("field", "value", "match"), fields, wrap=("value",))
     slots = [
-        (r.slot, *map(safe, (r.implementation, r.target, dict(r.kwargs))), _twin(_twin_of(lock, r)))
+        (r.slot, *map(safe, (r.implementation, r.target, dict(r.kwargs))), _twin(lock, r.slot))
         for r in resolved
     ]
     columns = ("slot", "implementation", "target", "kwargs", "twin")
@@ -80,19 +82,9 @@ def _model_check(lock: Any) -> None:
         _say(safe(lock.model.check.line()))
 
 
-def _twin(twin: Any) -> str:
+def _twin(lock: kernel_lock.KernelLock, slot: str) -> str:
+    twin = lock.slots[slot].twin if slot in lock.slots else None
     return "-" if twin is None else f"{safe(twin.target)} ({twin.state_dict})"
-
-
-def _twin_of(lock: kernel_lock.KernelLock, resolved: Any) -> Any:
-    entry = lock.slots.get(resolved.slot)
-    return entry.twin if entry is not None else None
-
-
-def _every_slot(lock: kernel_lock.KernelLock) -> list[str]:
-    """The lock's slots, then every other slot this kernel_lock knows (each resolves to its
-    default)."""
-    return [*lock.slots, *(name for name in kernel_lock.SLOTS if name not in lock.slots)]
 
 
 # ---- explain ----------------------------------------------------------------------------------
@@ -210,16 +202,10 @@ def _versus(t: Any) -> str:
     ratio, interval = t.get("ratio"), t.get("interval")
     if not isinstance(ratio, (int, float)):
         return ""
-    span = f" [{interval[0]:.2f}, {interval[1]:.2f}]" if _pair_of_numbers(interval) else ""
-    return f"{ratio:.2f}{span} x{t.get('rounds', '?')}"
-
-
-def _pair_of_numbers(value: Any) -> bool:
-    return (
-        isinstance(value, list)
-        and len(value) == 2
-        and all(isinstance(x, (int, float)) for x in value)
-    )
+    pair = isinstance(interval, list) and len(interval) == 2
+    if pair and all(isinstance(x, (int, float)) for x in interval):
+        return f"{ratio:.2f} [{interval[0]:.2f}, {interval[1]:.2f}] x{t.get('rounds', '?')}"
+    return f"{ratio:.2f} x{t.get('rounds', '?')}"
 
 
 def _load(t: Any) -> str:
@@ -405,8 +391,7 @@ def run_rehash(args: argparse.Namespace) -> int:
 
 
 def _torch_version(lock: kernel_lock.KernelLock) -> str:
-    """The torch the lock's classes are judged for: the lock's, else this machine's (read without
-    torch), else empty (torch.nn's targets are then not judged)."""
+    """The lock's torch, else this machine's (read without torch), else "" (nothing judged)."""
     if (recorded := lock.environment.fields.get("torch")) is not None:
         return str(recorded.value)
     try:
@@ -429,9 +414,9 @@ def add_lock_arguments(p: argparse.ArgumentParser) -> None:
     output.add_trust_argument(p)
 
 
-# each substitution's JSON keys and the attributes they hold
-_SUBSTITUTION = ("slot", "from", "from-target", "to", "reason", "max-error")
-_ATTRIBUTES = ("slot", "training", "training_target", "twin_target", "reason", "max_error")
+# each substitution's JSON key: the attribute it holds
+_SUBSTITUTION = {"slot": "slot", "from": "training", "from-target": "training_target"}
+_SUBSTITUTION |= {"to": "twin_target", "reason": "reason", "max-error": "max_error"}
 
 
 def run_lock(args: argparse.Namespace) -> int:
@@ -461,10 +446,7 @@ def run_lock(args: argparse.Namespace) -> int:
     if args.json:
         body = {"source": str(args.source), "source-digest": derived.provenance["source-digest"]}
         body |= {"out": str(out), "digest": derived.digest}
-        body["substitutions"] = [
-            {k: getattr(s, n) for k, n in zip(_SUBSTITUTION, _ATTRIBUTES, strict=True)}
-            for s in subs
-        ]
+        body["substitutions"] = [{k: getattr(s, n) for k, n in _SUBSTITUTION.items()} for s in subs]
         body["kept"] = sorted(name for name in derived.slots if name not in swapped)
         output.print_json(body)
         return 0

@@ -374,7 +374,7 @@ class TimingProgress:
 
 def _summary(result: ProbeResult) -> dict[str, Any]:
     """The probe's ``--json`` answer."""
-    plan, timings = result.plan, result.timings
+    plan, timings, model = result.plan, result.timings, result.lock.model
     return {
         "lock": str(result.lock_path),
         "reused": False,
@@ -385,7 +385,7 @@ def _summary(result: ProbeResult) -> dict[str, Any]:
         "shapes": list(plan.shapes),
         **({"slot-shapes": own} if (own := plan.inputs.get("slot_shapes")) else {}),
         **({"model": plan.model.to_dict(), "weights": plan.weights} if plan.model else {}),
-        **({"model-check": checked.to_dict()} if (checked := _model_check(result)) else {}),
+        **({"model-check": model.check.to_dict()} if model and model.check else {}),
         **{
             s.summary_key: plan.resolved[s.name]
             for s in slot_behaviour.SLOTS.values()
@@ -406,12 +406,6 @@ def _summary(result: ProbeResult) -> dict[str, Any]:
             for slot, c in result.choices.items()
         },
     }
-
-
-def _model_check(result: ProbeResult) -> Any:
-    """The lock's recorded model-level check (None: no --model, or --no-model-check)."""
-    model = result.lock.model
-    return model.check if model is not None else None
 
 
 def _report(result: ProbeResult) -> None:

@@ -13,8 +13,7 @@ import kernel_lock
 from kernel_lock.errors import ExitCode, LockError
 from kernel_probe.errors import ProbeError, UsageError
 from kernel_probe.isolation.child import child_environment, run_function
-from kernel_probe.model.spec import parse_spec
-from kernel_probe.model.tracing import DEFAULT_TIMEOUT, failure
+from kernel_probe.model.tracing import DEFAULT_TIMEOUT, failure, parse_spec
 
 __all__ = ["DEFAULT_STEPS", "DEVICES", "MAX_STEPS", "Check", "DeviceAbsent", "check", "device_for"]
 
@@ -101,12 +100,8 @@ class Check:
         keys = ("spec", "lock", "steps", "device", "device_why", "verdict", "why")
         body = {k.replace("_", "-"): getattr(self, k) for k in keys}
         body |= {"sites": list(self.sites), "first": self.first, "phases": list(self.phases)}
-        return (
-            body
-            | {"losses-agree-to": self.losses_agree_to, "worst-ratio": self.worst_ratio}
-            | {"timing": self.timing}
-            | {"notes": list(self.notes)}
-        )
+        body |= {"losses-agree-to": self.losses_agree_to, "worst-ratio": self.worst_ratio}
+        return body | {"timing": self.timing, "notes": list(self.notes)}
 
 
 def check(
@@ -118,13 +113,10 @@ def check(
     timeout: float = DEFAULT_TIMEOUT,
     device: str = "",
 ) -> Check:
-    """The model ``spec`` names, as written and with the lock at ``lock`` applied, through a
-    forward and backward, ``steps`` SGD steps, eval, no-grad and a state-dict round trip, in a
-    child. :class:`UsageError` (exit 2) for a bad spec or step count; the lock's own error (exit
-    5 malformed, 3 unusable here) before any child; :class:`InputFileError` (exit 5) where the
-    model's code fails; :class:`ProbeError` (exit 1) where the child hangs or dies. ``device``
-    (cpu, cuda; default :func:`device_for`'s): :class:`DeviceAbsent` (exit 3) where it is not
-    here."""
+    """The model ``spec`` names, as written and with the lock applied, through the phases (the
+    module's docstring), in a child on ``device`` (:func:`device_for`). Exit 2: a bad spec or step
+    count; the lock's own error before any child; 5: the model's code fails; 1: the child hangs or
+    dies; 3 (:class:`DeviceAbsent`): the device is not here."""
     parsed = parse_spec(spec)
     if not 1 <= steps <= MAX_STEPS:
         fix = f"pass --steps between 1 and {MAX_STEPS}"

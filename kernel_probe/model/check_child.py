@@ -22,8 +22,8 @@ from torch import nn
 
 import kernel_lock
 from kernel_lock.errors import LockError
-from kernel_probe.model.child import ModelCodeError, _build, _callable, _cast, _trusted_slots
-from kernel_probe.model.spec import ANEMOI, ANEMOI_BUILDER
+from kernel_probe.model import child
+from kernel_probe.model.child import ModelCodeError, _cast, _floats
 
 __all__ = ["FLOOR", "K", "check_model"]
 
@@ -35,18 +35,6 @@ TIMING_BUDGET = 20.0  # seconds of paired rounds at most
 ROUNDS = (3, 15)  # at least, at most (after one warm-up round)
 
 Values = dict[str, list[torch.Tensor]]  # what one phase yields: name -> tensors
-
-
-def _floats(value: Any) -> Iterator[torch.Tensor]:
-    if isinstance(value, torch.Tensor):
-        if value.is_floating_point():
-            yield value
-    elif isinstance(value, Mapping):
-        for v in value.values():
-            yield from _floats(v)
-    elif isinstance(value, (list, tuple)):
-        for v in value:
-            yield from _floats(v)
 
 
 class _Sites:
@@ -87,20 +75,22 @@ class _Run:
         self.sites = _Sites(model, sites)
         self.device = next(model.parameters(), torch.empty(0)).device
 
-    def forward(self, model: nn.Module | None = None) -> Values:
+    def forward(self, model: nn.Module | None = None, raw: bool = False) -> Values:
         _Run.blame = "lock" if model is not None or self.role == "applied" else self.role
         model = model or self.model
         self.sites.outputs.clear()
         self.sites.inputs.clear()
         torch.manual_seed(SEED)
-        outs = list(_floats(model(*self.args, **self.kwargs)))
+        outs = _floats(model(*self.args, **self.kwargs))
         found: Values = {f"site {w}": t for w, t in self.sites.outputs.items()}
-        return found | {"output": [o.detach().clone() for o in outs], "_raw": outs}
+        return (
+            found | {"output": [o.detach().clone() for o in outs]} | ({"_raw": outs} if raw else {})
+        )
 
     def train(self) -> Values:
         """A forward and backward: the loss, outputs, site outputs and gradients."""
         self.model.zero_grad(set_to_none=True)
-        values = self.forward()
+        values = self.forward(raw=True)
         loss = torch.stack([o.double().square().mean() for o in values.pop("_raw")]).sum()
         with warnings.catch_warnings():  # a site none of whose inputs needs a gradient: fine
             warnings.filterwarnings("ignore", "Full backward hook is firing", UserWarning)
@@ -124,18 +114,15 @@ class _Run:
         with torch.no_grad() if mode == "no-grad" else torch.enable_grad():
             values = self.forward()
         self.model.train()
-        values.pop("_raw")
         return values
 
-    def loaded(self, state: bytes, into: nn.Module) -> Values:
-        """A deep copy of ``into`` (this run's model: its hooks record here) loading ``state``."""
+    def loaded(self, state: bytes) -> Values:
+        """A deep copy of this run's model (its hooks record here) loading ``state``."""
         _Run.blame = "lock"
-        model = copy.deepcopy(into)
+        model = copy.deepcopy(self.model)
         model.load_state_dict(torch.load(io.BytesIO(state), weights_only=True))
         with torch.no_grad():
-            values = self.forward(model)
-        values.pop("_raw")
-        return values
+            return self.forward(model)
 
 
 def _saved(model: nn.Module) -> bytes:
@@ -154,7 +141,7 @@ def _phases(runs: list[_Run], steps: int) -> Iterator[tuple[str, Callable[[], li
         return [r.train() for r in runs]
 
     def loaded(state: bytes, into: _Run) -> list[Values]:
-        return [written.plain("no-grad"), into.loaded(state, into.model), ref.plain("no-grad")]
+        return [written.plain("no-grad"), into.loaded(state), ref.plain("no-grad")]
 
     yield "in the first forward and backward", lambda: [r.train() for r in runs]
     for i in range(1, steps + 1):
@@ -253,29 +240,19 @@ def _timing(written: _Run, applied: _Run) -> dict[str, Any]:
     }
 
 
-def _meta(model: nn.Module) -> bool:
-    return any(t.is_meta for t in (*model.parameters(), *model.buffers()))
-
-
 def check_model(request: Mapping[str, Any]) -> dict[str, Any]:
     """The child's body (JSON in and out); see the module's docstring."""
     spec, trust = request["spec"], [str(t) for t in request.get("trust", [])]
-    _trusted_slots(trust)
-    call = spec["call"] if spec["kind"] != ANEMOI else ".".join(ANEMOI_BUILDER)
+    child._trusted_slots(trust)
     device = str(request.get("device", "cpu"))
     if device == "cuda" and not torch.cuda.is_available():
         why = f"torch {torch.__version__} sees no GPU here (torch.cuda.is_available() is False)"
         return {"verdict": "device-absent", "why": why}
-    try:
-        with warnings.catch_warnings(record=True) as said:  # the builder's notes: the output's
-            warnings.simplefilter("always")
-            model, args, kwargs = _build(_callable(spec), call, device)
-    except ModelCodeError:
-        raise
-    except BaseException as exc:
-        raise ModelCodeError(f"{call}() raised {type(exc).__name__}: {exc}") from None
+    with warnings.catch_warnings(record=True) as said:  # the builder's notes: the output's
+        warnings.simplefilter("always")
+        model, args, kwargs = child._build(*child._callable(spec), device)
     built = list(dict.fromkeys(str(w.message) for w in said if w.category is UserWarning))
-    if _meta(model):
+    if any(t.is_meta for t in (*model.parameters(), *model.buffers())):
         why = "its parameters are on the meta device (no real sizes on the CPU)"
         return {"verdict": "not-run", "why": why, "phases": [], "sites": [], "timing": None}
     applied = copy.deepcopy(model)

@@ -27,10 +27,10 @@ from torch.overrides import TorchFunctionMode
 from kernel_lock import slots as specs
 from kernel_lock.model import Site, Unreached, function_site
 from kernel_lock.slots import PRECISIONS, SlotSpec
-from kernel_probe.model.sites import functions
-from kernel_probe.model.spec import ANEMOI, ANEMOI_BUILDER
+from kernel_lock.slots.base import Functional, bound
+from kernel_probe.model.tracing import ANEMOI, ANEMOI_BUILDER
 
-__all__ = ["ModelCodeError", "Recorder", "trace_model"]
+__all__ = ["Function", "ModelCodeError", "Recorder", "functions", "trace_model"]
 
 # autocast's rule on a GPU, emulated so that the meta device follows it too: these run in the
 # regime's dtype, these in float32; every other op in what it receives
@@ -43,6 +43,37 @@ _FLOAT32 = {F.layer_norm, torch.layer_norm, F.group_norm, F.softmax, F.log_softm
             F.mse_loss}  # fmt: skip
 
 
+@dataclass(frozen=True)
+class Function:
+    """A torch function of a slot: its public name, its name, and the slot's knowledge of it."""
+
+    slot: str
+    call: str
+    name: str
+    functional: Functional
+
+    def inputs(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[torch.Tensor]:
+        """The call's tensor inputs, in the slot's order (their shapes are the site's)."""
+        given = bound(args, kwargs, self.functional.args)
+        return [t for n in self.functional.inputs if isinstance(t := given.get(n), torch.Tensor)]
+
+
+def functions() -> dict[Any, Function]:
+    """Every torch callable of a function a slot routes (the slots registered now), by the
+    callable: ``torch.nn.functional``'s first, then ``torch``'s own of the same name
+    (``F.layer_norm`` and ``torch.layer_norm`` are both ``layer_norm``). What a call site computes
+    with, which modules are sites and their public names are the slots' (``SlotSpec.calls``,
+    ``kernel_lock.slots.site_of``, ``public_name``): what ``kernel_lock.apply`` reads too."""
+    found: dict[Any, Function] = {}
+    for spec in specs.SPECS.values():
+        for name, functional in (spec.calls.functions if spec.calls else {}).items():
+            for path, where in (("torch.nn.functional", F), ("torch", torch)):
+                fn = getattr(where, name, None)
+                if fn is not None and fn not in found:
+                    found[fn] = Function(spec.name, f"{path}.{name}", name, functional)
+    return found
+
+
 class ModelCodeError(Exception):
     """The model's own code failed (its import, its build, its forward or backward), or its
     callable returned what is no ``(model, args[, kwargs])``."""
@@ -53,14 +84,6 @@ class _Frame:
     name: str
     covered: bool  # a slot's module (or one out of reach): its inner calls are its own
     counts: Counter[str] = field(default_factory=Counter)
-
-
-def _tensors(values: Any) -> list[torch.Tensor]:
-    return [v for v in values if isinstance(v, torch.Tensor)]
-
-
-def _dims(t: torch.Tensor) -> str:
-    return "x".join(str(int(n)) for n in t.shape) or "1"
 
 
 class Recorder(TorchFunctionMode):
@@ -80,8 +103,7 @@ class Recorder(TorchFunctionMode):
             site = specs.site_of(module)
             enter = partial(self._enter, name, site)
             self.handles.append(module.register_forward_pre_hook(enter, with_kwargs=True))
-            leave = partial(self._leave)
-            self.handles.append(module.register_forward_hook(leave, always_call=True))
+            self.handles.append(module.register_forward_hook(self._leave, always_call=True))
 
     def remove(self) -> None:
         """Take the hooks off the model."""
@@ -98,7 +120,7 @@ class Recorder(TorchFunctionMode):
             if isinstance(semantics, str):
                 self.unreached.setdefault(name, Unreached(where=name, call=call, reason=semantics))
             else:
-                inputs = _tensors((*args, *kwargs.values()))
+                inputs = [v for v in (*args, *kwargs.values()) if isinstance(v, torch.Tensor)]
                 self._record(name, slot, "module", call, inputs, semantics)
         self.stack.append(_Frame(name, covered or site is not None))
 
@@ -109,7 +131,9 @@ class Recorder(TorchFunctionMode):
     def _record(self, where: str, slot: str, kind: str, call: str, inputs, semantics) -> None:
         dtype = str(inputs[0].dtype).removeprefix("torch.") if inputs else ""
         site = dict(slot=slot, kind=kind, call=call, calls=1, dtype=dtype)
-        site |= dict(shapes=[_dims(t) for t in inputs], semantics=dict(semantics))
+        site |= dict(
+            shapes=["x".join(map(str, t.shape)) or "1" for t in inputs], semantics=dict(semantics)
+        )
         first = self.sites.setdefault(where, site)
         if first is site:
             return
@@ -152,15 +176,29 @@ def _module_semantics(spec: SlotSpec, module: nn.Module, args: tuple, kwargs: di
     return own if isinstance(own, str) else call if isinstance(call, str) else {**call, **own}
 
 
-def _cast(value: Any, dtype: torch.dtype) -> Any:
-    """``value`` with every floating tensor in it cast to ``dtype`` (lists, tuples, dicts)."""
+def _map(value: Any, fn: Callable[[torch.Tensor], Any]) -> Any:
+    """``value`` with ``fn`` applied to each tensor in it (lists, tuples, dicts)."""
     if isinstance(value, torch.Tensor):
-        return value.to(dtype) if value.is_floating_point() else value
+        return fn(value)
     if type(value) in (list, tuple):
-        return type(value)(_cast(v, dtype) for v in value)
+        return type(value)(_map(v, fn) for v in value)
     if isinstance(value, dict):
-        return {k: _cast(v, dtype) for k, v in value.items()}
+        return {k: _map(v, fn) for k, v in value.items()}
     return value
+
+
+def _cast(value: Any, dtype: torch.dtype) -> Any:
+    """``value`` with every floating tensor in it cast to ``dtype``."""
+    return _map(value, lambda t: t.to(dtype) if t.is_floating_point() else t)
+
+
+def _floats(value: Any) -> list[torch.Tensor]:
+    """The floating tensors in ``value`` (lists, tuples, mappings), in order."""
+    if isinstance(value, torch.Tensor):
+        return [value] if value.is_floating_point() else []
+    if isinstance(value, Mapping):
+        value = list(value.values())
+    return [t for v in value for t in _floats(v)] if isinstance(value, (list, tuple)) else []
 
 
 # ---- the spec's callable ------------------------------------------------------------------------
@@ -179,8 +217,8 @@ def _module_of(spec: Mapping[str, str]) -> Any:
     return importlib.import_module(ANEMOI_BUILDER[0] if spec["kind"] == ANEMOI else spec["source"])
 
 
-def _callable(spec: Mapping[str, str]) -> Callable[[], Any]:
-    """The spec's callable, imported; ModelCodeError naming what failed."""
+def _callable(spec: Mapping[str, str]) -> tuple[Callable[[], Any], str]:
+    """The spec's callable, imported, and its name; ModelCodeError naming what failed."""
     what = ANEMOI_BUILDER[0] if spec["kind"] == ANEMOI else spec["source"]
     try:
         obj = _module_of(spec)
@@ -195,7 +233,7 @@ def _callable(spec: Mapping[str, str]) -> Callable[[], Any]:
     if spec["kind"] == ANEMOI:
         if not callable(getattr(obj, ANEMOI_BUILDER[1], None)):
             raise ModelCodeError(f"{what} has no {ANEMOI_BUILDER[1]}(config)")
-        return partial(getattr(obj, ANEMOI_BUILDER[1]), spec["source"])
+        return partial(getattr(obj, ANEMOI_BUILDER[1]), spec["source"]), ".".join(ANEMOI_BUILDER)
     for part in spec["call"].split("."):
         if not hasattr(obj, part):
             raise ModelCodeError(f"{what} has no {spec['call']!r}")
@@ -208,7 +246,7 @@ def _callable(spec: Mapping[str, str]) -> Callable[[], Any]:
         raise ModelCodeError(f"{spec['call']}() takes required arguments ({exc})") from None
     except ValueError:  # no signature to read (a builtin): calling it will tell
         pass
-    return obj
+    return obj, spec["call"]
 
 
 def _unpack(value: Any, call: str) -> tuple[nn.Module, tuple[Any, ...], dict[str, Any]]:
@@ -232,9 +270,18 @@ def _unpack(value: Any, call: str) -> tuple[nn.Module, tuple[Any, ...], dict[str
     return model, tuple(args), kwargs
 
 
-def _build(fn: Callable[[], Any], call: str, device: str) -> tuple[nn.Module, tuple, dict]:
-    with torch.device(device):
-        value = fn()
+def _build(
+    fn: Callable[[], Any], call: str, device: str, *, wrap: bool = True
+) -> tuple[nn.Module, tuple, dict]:
+    """The model, args and kwargs ``fn`` builds on ``device``; what it raises is the model's
+    code's (ModelCodeError) with ``wrap``."""
+    try:
+        with torch.device(device):
+            value = fn()
+    except BaseException as exc:
+        if not wrap:
+            raise
+        raise ModelCodeError(f"{call}() raised {type(exc).__name__}: {exc}") from None
     return _unpack(value, call)
 
 
@@ -249,16 +296,6 @@ def _prepare(model: nn.Module, args: tuple, kwargs: dict, precision: str) -> tup
     return _cast(args, dtype), _cast(kwargs, dtype), None
 
 
-def _outputs(value: Any) -> list[torch.Tensor]:
-    if isinstance(value, torch.Tensor):
-        return [value] if value.is_floating_point() and value.requires_grad else []
-    if isinstance(value, Mapping):
-        value = list(value.values())
-    if isinstance(value, (list, tuple)):
-        return [t for v in value for t in _outputs(v)]
-    return []
-
-
 def _run(
     model: nn.Module, args: tuple, kwargs: dict, low: torch.dtype | None, device: str
 ) -> Recorder:
@@ -270,7 +307,7 @@ def _run(
             recorder.recording = True
             out = model(*args, **kwargs)
             recorder.recording = False
-            floating = _outputs(out)
+            floating = [t for t in _floats(out) if t.requires_grad]
         if floating:
             torch.stack([t.float().sum() for t in floating]).sum().backward()
     finally:
@@ -319,17 +356,6 @@ def _first_batch(values: Any) -> int | None:
     return None
 
 
-def _take(value: Any, n: int, b: int) -> Any:
-    """``value`` with each tensor whose first dimension is the batch ``n`` cut to ``b``."""
-    if isinstance(value, torch.Tensor):
-        return value[:b] if value.dim() and value.shape[0] == n else value
-    if type(value) in (list, tuple):
-        return type(value)(_take(v, n, b) for v in value)
-    if isinstance(value, dict):
-        return {k: _take(v, n, b) for k, v in value.items()}
-    return value
-
-
 def _scaled(a: Any, b: Any, n: int) -> Any:
     """What grows with the batch, at batch ``n`` from its values at batches 1 (a) and 2 (b)."""
     if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
@@ -367,18 +393,14 @@ def _at_batch(one: dict, two: dict, n: int) -> tuple[dict, list[str]]:
 
 def _on_cpu(fn: Callable[[], Any], call: str, precision: str) -> tuple[str, Recorder, dict, list]:
     """The trace on the CPU at batch 1 (and 2); (traced, recorder, sites, notes)."""
-    try:
-        model, args, kwargs = _build(fn, call, "cpu")
-    except ModelCodeError:
-        raise
-    except BaseException as exc:
-        raise ModelCodeError(f"{call}() raised {type(exc).__name__}: {exc}") from None
+    model, args, kwargs = _build(fn, call, "cpu")
     args, kwargs, low = _prepare(model, args, kwargs, precision)
     n = _first_batch((args, kwargs))
     batches = (1, 2) if n is not None and n > 1 else (n or 1,)
     runs = []
     for b in batches:
-        cut_args, cut_kwargs = (_take(args, n, b), _take(kwargs, n, b)) if n else (args, kwargs)
+        cut = lambda t, b=b: t[:b] if n and t.dim() and t.shape[0] == n else t  # noqa: E731
+        cut_args, cut_kwargs = _map(args, cut), _map(kwargs, cut)
         try:
             runs.append(_run(model, cut_args, cut_kwargs, low, "cpu"))
         except BaseException as exc:
@@ -409,10 +431,9 @@ def trace_model(request: Mapping[str, Any]) -> dict[str, Any]:
     """The child's body: the spec's sites, the unreached and how it was traced (JSON)."""
     spec, precision = request["spec"], str(request["precision"])
     _trusted_slots([str(t) for t in request.get("trust", [])])
-    fn = _callable(spec)
-    call = spec["call"] if spec["kind"] != ANEMOI else f"{'.'.join(ANEMOI_BUILDER)}"
+    fn, call = _callable(spec)
     try:
-        model, args, kwargs = _build(fn, call, "meta")
+        model, args, kwargs = _build(fn, call, "meta", wrap=False)
         args, kwargs, low = _prepare(model, args, kwargs, precision)
         recorder = _run(model, args, kwargs, low, "meta")
         traced, sites, notes = "meta", recorder.sites, list(recorder.notes)

@@ -11,7 +11,7 @@ import pytest
 import kernel_lock
 from kernel_lock.lock import KernelLock
 from kernel_lock.schema import EnvField, Environment
-from kernel_probe.model.spec import parse_spec
+from kernel_probe.model.tracing import parse_spec
 from tests.conftest import run_cli
 from tests.model_locks import pinned_lock
 
