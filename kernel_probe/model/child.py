@@ -234,6 +234,17 @@ def _callable(spec: Mapping[str, str]) -> tuple[Callable[[], Any], str]:
         if not callable(getattr(obj, ANEMOI_BUILDER[1], None)):
             raise ModelCodeError(f"{what} has no {ANEMOI_BUILDER[1]}(config)")
         return partial(getattr(obj, ANEMOI_BUILDER[1]), spec["source"]), ".".join(ANEMOI_BUILDER)
+    try:  # the model's code runs here too (a property, a __getattr__, a __signature__)
+        return _named(obj, spec, what)
+    except ModelCodeError:
+        raise
+    except BaseException as exc:
+        raise ModelCodeError(f"{spec['call']}() raised {type(exc).__name__}: {exc}") from None
+
+
+def _named(obj: Any, spec: Mapping[str, str], what: str) -> tuple[Callable[[], Any], str]:
+    """The callable ``spec["call"]`` names in the module ``obj``, checked callable without
+    arguments; ModelCodeError where it is not."""
     for part in spec["call"].split("."):
         if not hasattr(obj, part):
             raise ModelCodeError(f"{what} has no {spec['call']!r}")

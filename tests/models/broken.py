@@ -43,3 +43,14 @@ def dies() -> tuple[nn.Module, tuple[torch.Tensor]]:
 
     os.kill(os.getpid(), signal.SIGKILL)
     raise AssertionError("unreachable")
+
+
+class _Holder:
+    """Its ``build`` is a property that raises: the model's code runs while it is looked up."""
+
+    @property
+    def build(self) -> None:
+        raise RuntimeError("looked up")
+
+
+holder = _Holder()

@@ -229,6 +229,7 @@ def test_sizes_at_the_model_batch_from_batches_1_and_2():
         ("raises", "raised ValueError: no weights here"),
         ("forward_raises", "raised RuntimeError"),
         ("no_such_callable", "has no 'no_such_callable'"),
+        ("holder.build", "holder.build() raised RuntimeError: looked up"),
     ],
 )
 def test_what_the_models_code_gets_wrong_is_named(call, said):
