@@ -73,6 +73,7 @@ def _pip_install(source: Path, *where: str) -> None:
             "pip",
             "install",
             "--no-deps",
+            "--ignore-installed",  # never uninstall this environment's own kernel-probe
             "--no-build-isolation",
             "--no-index",
             "--no-cache-dir",
