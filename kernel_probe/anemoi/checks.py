@@ -1,6 +1,5 @@
-"""Checks of a config as a whole, in the parent (nothing here imports a target): components no
-block reaches, what Hydra's merge left behind, the lock comparison, anemoi wrappers a config
-drops, and anemoi-training's own schema (run in a child: ``kernel_probe.anemoi.children``)."""
+"""Checks of a config as a whole, in the parent: components no block reaches, Hydra's merge
+leftovers, the lock comparison, dropped anemoi wrappers, and the schema (in a child)."""
 
 from __future__ import annotations
 

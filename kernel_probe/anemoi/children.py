@@ -1,9 +1,6 @@
-"""The child side of reading and checking an anemoi config, JSON in and out, so that a hostile
-config or a broken library cannot take the caller with it: :func:`compose` (Hydra's composition as
-``anemoi-training train`` does it; an untrusted ``pkg://`` is refused before Hydra imports it),
-:func:`validate` (``BaseSchema``; ``???`` values reported as unset; of a union, the best-fitting
-member's errors) and :func:`check` (the schema, address space capped, then the entries uncapped).
-"""
+"""The child side of reading and checking an anemoi config, JSON in and out: :func:`compose`
+(Hydra's composition; an untrusted ``pkg://`` is refused before Hydra imports it), :func:`validate`
+(``BaseSchema``) and :func:`check` (the schema, address space capped, then the entries)."""
 
 from __future__ import annotations
 
@@ -288,11 +285,9 @@ def check(payload: Mapping[str, Any]) -> dict[str, Any]:
 
 @contextlib.contextmanager
 def _address_space(budget: int) -> Iterator[None]:
-    """While the block runs, this process may map at most ``budget`` bytes more than it has mapped
-    now (0: no cap): the one rule of the children's memory caps (docs/anemoi.md). A YAML alias
-    bomb or a runaway schema ends as a MemoryError here, not as the node's; torch is imported before
-    it, since a CUDA/ROCm build maps GBs of libraries (untouched) that no budget should count. The
-    soft limit only, so it is lifted again after the block."""
+    """While the block runs, this process may map at most ``budget`` bytes more than now (0: no
+    cap; the soft limit, lifted after): the children's memory cap (docs/anemoi.md). Import torch
+    before it: a CUDA/ROCm build maps GBs of libraries that no budget should count."""
     if not budget:
         yield
         return

@@ -1,22 +1,11 @@
-"""check-config's findings on the slots a component sets beside its blocks (``COMPONENT_SLOTS``),
-judged as anemoi-models 0.19 does (in its words where it raises) and against the lock; and export.
-
-- ``attention_implementation`` (the Attention slot; the processor of a transformer model, a
-  TransformerMapper's encoder and decoder). anemoi's flash wrapper imports flash-attn v4, then v3,
-  then v2: v4 silently gets no dropout_p, softcap or alibi slopes, v3 no dropout_p and raises on
-  alibi; its SDPA path raises on softcap and alibi.
-- ``graph_attention_backend`` (the lock's ``[graph-attention]``; every GraphTransformer component:
-  a mapping whose ``_target_`` is one of ``GT_TARGETS``, or that sets the key). ``triton | pyg``,
-  default ``triton``, which anemoi runs as ``pyg`` (and only logs it) without a GPU or triton.
-- ``mlp_implementation`` (the GatedMLP slot; the processor, each mapper). anemoi builds
-  ``GatedMLPLayer`` with a hard-coded gate (``kernel_lock.slots.gated_mlp``) for glu, swiglu, geglu
-  and reglu, a Linear plus the Activation slot for ``mlp``: a component that trains another gate
-  than the lock checked trains a layer nothing checked.
-"""
+"""check-config's findings and export's settings for the slots a component sets beside its blocks,
+judged as anemoi-models 0.19 does (in its words where it raises) and against the lock:
+``attention_implementation`` (Attention), ``graph_attention_backend`` (the lock's
+``[graph-attention]``; every GraphTransformer component) and ``mlp_implementation`` (GatedMLP)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from kernel_lock.anemoi import attention_export
@@ -197,7 +186,8 @@ def attention_overlay(
 
 # ---- graph attention -----------------------------------------------------------------------------
 def graph_components(tree: Any, where: str = "") -> Iterator[tuple[str, Mapping[str, Any]]]:
-    """Every GraphTransformer component of ``tree`` (module docstring), with its dotted path."""
+    """Every GraphTransformer component of ``tree`` (``GT_TARGETS``, or setting the key), with its
+    dotted path."""
     return mappings_where(
         tree, lambda tree: tree.get("_target_") in GT_TARGETS or ANEMOI_KEY in tree, where
     )
@@ -308,12 +298,3 @@ def gated_findings(tree: Any, lock: KernelLock | None) -> list[Finding]:
             fix = f"probe with --mlp-implementation {value}"
             out.append(Finding("warning", "lock", key, problem, fix))
     return out
-
-
-# the config key a component sets -> the lock's slot (or table) it stands for, and its findings
-ComponentFindings = Callable[[Any, KernelLock | None, str | None], list[Finding]]
-COMPONENT_SLOTS: dict[str, tuple[str, ComponentFindings]] = {
-    "attention_implementation": ("Attention", attention_findings),
-    ANEMOI_KEY: (TABLE, lambda tree, lock, mode: graph_findings(tree, lock)),
-    CONFIG_KEY: ("GatedMLP", lambda tree, lock, mode: gated_findings(tree, lock)),
-}

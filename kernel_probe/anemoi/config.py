@@ -1,12 +1,6 @@
-"""One anemoi config file as read (no composition): its shape, its ``layer_kernels`` blocks, and
-:class:`Finding`, what every check of a config reports.
-
-Three shapes (``SHAPES``, told apart by :func:`classify`): a model file (the file *is* the model
-node; ``${model.x}`` means its own ``x``, a reference outside it is left unjudged), a full config
-(a reference to nothing is an error), and an overlay (composed by Hydra: ``anemoi.reading``).
-Every ``layer_kernels`` key under the model node is a block; one that is ``${...}`` of another
-inherits it.
-"""
+"""One anemoi config file as read (no composition): its shape (``SHAPES``, :func:`classify`), its
+``layer_kernels`` blocks (one that is ``${...}`` of another inherits it), and :class:`Finding`,
+what every check of a config reports."""
 
 from __future__ import annotations
 
@@ -99,12 +93,11 @@ def expanded_size(data: Any, limit: int = MAX_NODES) -> int:
             raise RecursionError
         if id(node) in memo:
             return memo[id(node)]
-        if isinstance(node, Mapping):
-            n = 1 + sum(size(v, depth + 1) for v in node.values())
-        elif isinstance(node, list):
-            n = 1 + sum(size(v, depth + 1) for v in node)
-        else:
+        if not isinstance(node, (Mapping, list)):
             return 1
+        n = 1 + sum(
+            size(v, depth + 1) for v in (node.values() if isinstance(node, Mapping) else node)
+        )
         memo[id(node)] = n = min(n, limit + 1)
         return n
 
@@ -192,9 +185,7 @@ def classify(root: Mapping[str, Any], path: Path | None = None) -> Kind:
     file_signals = ["it sits in a model/ directory"] if in_model_dir else []
     if model_class:
         file_signals.append(
-            "its `model:` key is a class "
-            f"({model.get('_target_') if isinstance(model, Mapping) else ''}), as a model file's "
-            "is"
+            f"its `model:` key is a class ({root['model']['_target_']}), as a model file's is"
         )
     if node_at_root:
         file_signals.append(f"model-node keys at its root ({', '.join(node_at_root)})")
@@ -321,8 +312,7 @@ def add_blocks(
 
 class _Resolver:
     """Whole-value ``${a.b.c}`` references, followed within one file. ``model_is_root``: a model
-    file (``${model.x}`` is its own ``x``); ``complete``: a reference to nothing is an error (else
-    it points outside this file and is left unjudged)."""
+    file (``${model.x}`` is its own ``x``); ``complete``: a reference to nothing is an error."""
 
     BUDGET = 100_000  # values produced while following references: a ${...} fan-out stops here
 

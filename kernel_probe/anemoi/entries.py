@@ -1,8 +1,6 @@
 """Checks of one ``layer_kernels`` entry against anemoi: the key, the import, the signature, the
-semantics, and the entry built and run as anemoi builds it (``ENTRY_SLOTS``: what each key means).
-:func:`check_entry` imports the target (and torch), so it runs in a child (:func:`judge_entries`)
-that a library crashing on import cannot take the checker with; anemoi's call convention is
-``kernel_lock.anemoi``'s."""
+semantics, and the entry built and run as anemoi builds it (``ENTRY_SLOTS``); imports the target,
+so it runs in a child (:func:`judge_entries`)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""The two anemoi pipelines, as library functions (no printing). ``check_config``: every block of a
-config (composed as anemoi-training composes it) judged on this machine and against a lock.
-``export_for_config``: the overlay after whose merge each block holds exactly the lock's entries,
-anemoi's wrappers kept (``entry_for``)."""
+"""The two anemoi pipelines as library functions (no printing): :func:`check_config` and
+:func:`export_for_config`."""
 
 from __future__ import annotations
 
@@ -91,8 +89,9 @@ def check_config(
     run: SchemaRun | str = checks.schema_run(config) if schema else "not run: --no-schema"
     at_schema = len(findings)  # the schema's errors go here, once it has run with the entries
     findings.extend(checks.lost_wrappers(config))
-    for _, component_findings in components.COMPONENT_SLOTS.values():
-        findings.extend(component_findings(config.tree, lock, mode))
+    findings.extend(components.attention_findings(config.tree, lock, mode))
+    findings.extend(components.graph_findings(config.tree, lock))
+    findings.extend(components.gated_findings(config.tree, lock))
     findings.extend(checks.components_without_blocks(config, lock_given=lock is not None))
     expected: dict[str, Exported] = {}
     if lock is not None:

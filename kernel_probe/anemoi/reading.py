@@ -1,11 +1,6 @@
-"""Reading an anemoi config as anemoi-training does, and what may be imported for it.
-
-An overlay, a preset extending another, or a config given Hydra overrides is composed as
-``anemoi-training train`` composes it (in a child: ``anemoi.children``); without Hydra or the
-presets, the file is judged alone and a finding says so. The entries' ``_target_`` and ``pkg://``
-search paths are imported under the lock's rules (``kernel_lock.trust``): a private or ``__main__``
-module never, one outside the allow-list, anemoi-models and the caller's trust not either.
-"""
+"""Reading an anemoi config as anemoi-training does (composed by Hydra in a child where that
+decides the model), and what may be imported for it (:class:`Trust`, ``kernel_lock.trust``'s
+rules)."""
 
 from __future__ import annotations
 
@@ -296,9 +291,7 @@ def read_config(
     shape: str | None = None,
 ) -> Config:
     """The blocks of the config at ``path``, composed as anemoi-training would where that decides
-    the model (an overlay, a preset extending another, or ``overrides``) and Hydra can run here: an
-    overlay from its own directory, a model file as ``config`` with ``model=<its name>`` from the
-    directory above its ``model/`` (as ``train --config-path DIR model=NAME``)."""
+    the model (an overlay, a preset extending another, or ``overrides``) and Hydra can run here."""
     p = Path(path)
     root = load_config(p)
     decided = classify(root, p)
