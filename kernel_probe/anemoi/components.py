@@ -89,7 +89,20 @@ def _attention(
 ) -> list[Finding]:
     impl = comp.get("attention_implementation")
     key = f"{where}.attention_implementation"
-    out = _against_locked_attention(where, comp, locked) if locked is not None else []
+    out = []
+    target, kwargs = locked if locked is not None else ("", {})
+    want = ANEMOI_ATTENTION.get(target)
+    if want is not None and impl != want:
+        problem = f"the lock's Attention slot is {target} ({want}); the config runs {impl}"
+        fix = f"set attention_implementation: {want} (`kernel-probe export` emits it)"
+        out.append(Finding("error", "lock", key, problem, fix))
+    window = comp.get("window_size")
+    if _literal(window) and want is not None:
+        locked_window = int(kwargs.get("window", -1))
+        if (-1 if window is None else int(window)) != locked_window:
+            problem = f"window_size {window!r} here, but the lock checked window {locked_window}"
+            fix = "probe with --attention ...:window=W for the model's window, or set the lock's"
+            out.append(Finding("error", "lock", f"{where}.window_size", problem, fix))
     values = {o: _set(comp, o) for o in ("dropout_p", "softcap", "use_alibi_slopes")}
     alibi = values["use_alibi_slopes"]
     if impl == "scaled_dot_product_attention":
@@ -129,27 +142,6 @@ def _attention(
     return out
 
 
-def _against_locked_attention(
-    where: str, comp: Mapping[str, Any], locked: tuple[str, dict[str, Any]]
-) -> list[Finding]:
-    impl = comp.get("attention_implementation")
-    target, kwargs = locked
-    want = ANEMOI_ATTENTION.get(target)
-    out = []
-    if want is not None and impl != want:
-        problem = f"the lock's Attention slot is {target} ({want}); the config runs {impl}"
-        fix = f"set attention_implementation: {want} (`kernel-probe export` emits it)"
-        out.append(Finding("error", "lock", f"{where}.attention_implementation", problem, fix))
-    window = comp.get("window_size")
-    if _literal(window) and want is not None:
-        locked_window = int(kwargs.get("window", -1))
-        if (-1 if window is None else int(window)) != locked_window:
-            problem = f"window_size {window!r} here, but the lock checked window {locked_window}"
-            fix = "probe with --attention ...:window=W for the model's window, or set the lock's"
-            out.append(Finding("error", "lock", f"{where}.window_size", problem, fix))
-    return out
-
-
 def attention_overlay(
     tree: Any, lock: KernelLock, mode: str | None = None
 ) -> tuple[dict[str, dict[str, Any]], list[tuple[str, str]]]:
@@ -170,17 +162,10 @@ def attention_overlay(
         out[where] = {"attention_implementation": options["attention_implementation"]}
         if note:
             notes.append((f"{where}.attention_implementation", note))
-        window = comp.get("window_size")
-        if _literal(window) and (-1 if window is None else int(window)) != options.get(
-            "window_size", -1
-        ):
-            notes.append(
-                (
-                    f"{where}.window_size",
-                    f"left at {window!r}: the lock checked window {options.get('window_size', -1)}"
-                    "; probe with the model's window (--attention ...:window=W)",
-                )
-            )
+        window, checked = comp.get("window_size"), options.get("window_size", -1)
+        if _literal(window) and (-1 if window is None else int(window)) != checked:
+            said = f"left at {window!r}: the lock checked window {checked}; probe with the model's "
+            notes.append((f"{where}.window_size", said + "window (--attention ...:window=W)"))
     return out, notes
 
 
@@ -206,7 +191,7 @@ def graph_findings(
     out: list[Finding] = []
     for where, comp in graph_components(tree):
         value = comp.get(ANEMOI_KEY, DEFAULT_BACKEND)
-        if isinstance(value, str) and "${" in value:
+        if not _literal(value):
             continue
         value = str(value)
         key = f"{where}.{ANEMOI_KEY}"
@@ -275,7 +260,7 @@ def gated_findings(tree: Any, lock: KernelLock | None) -> list[Finding]:
     for where, comp in gated_components(tree):
         value = comp.get(CONFIG_KEY)
         key = f"{where}.{CONFIG_KEY}" if where else CONFIG_KEY
-        if isinstance(value, str) and "${" in value:
+        if not _literal(value):
             continue  # an interpolation: judged where it points
         if value not in MLP_IMPLEMENTATIONS:
             valid = "('" + "', '".join(GATED) + "')"

@@ -1,5 +1,5 @@
 """Checks of one ``layer_kernels`` entry against anemoi: the key, the import, the signature, the
-semantics, and the entry built and run as anemoi builds it (``ENTRY_SLOTS``); imports the target,
+semantics, and the entry built and run as anemoi builds it; imports the target,
 so it runs in a child (:func:`judge_entries`)."""
 
 from __future__ import annotations
@@ -9,7 +9,6 @@ import inspect
 import json
 import warnings
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from kernel_lock import anemoi
@@ -30,37 +29,38 @@ Problem = tuple[str, str, str, str]  # (severity, kind, problem, fix)
 
 
 # ---- per key: what the class must be, and what the built module must compute --------------------
-def _norm_class(key: str, target: str, cls: Any, family: str | None, allow: bool) -> Problem | None:
-    problem = (
-        f"semantics change: {target} is an RMSNorm under the {key} key: it does not subtract the "
-        "mean and has no bias, so the model computes something else and its state dict changes"
-    )
-    severity = "warning" if allow else "error"
-    return (severity, "semantics", problem, LAYER_NORM_FIX) if family == "rms_norm" else None
+def _class_problem(
+    key: str, target: str, cls: Any, family: str | None, allow: bool
+) -> Problem | None:
+    if key in NORM_KEYS and family == "rms_norm":
+        problem = (
+            f"semantics change: {target} is an RMSNorm under the {key} key: it does not subtract "
+            "the mean and has no bias, so the model computes something else and its state dict "
+            "changes"
+        )
+        return ("warning" if allow else "error", "semantics", problem, LAYER_NORM_FIX)
+    if key == "Linear" and family is not None:
+        problem = f"semantics change: {target} is a norm ({family}) under the Linear key"
+        return ("error", "semantics", problem, "")
+    if key == "Activation" and anemoi.glu_refused(getattr(cls, "__name__", "")):
+        problem = (
+            f"{target} is a GLU-family activation: anemoi-models raises ValueError: "
+            f"{anemoi.GLU_REFUSAL}"
+        )
+        fix = (
+            "set the component's mlp_implementation (glu, swiglu, geglu or reglu) and keep an "
+            "elementwise class such as torch.nn.GELU under layer_kernels.Activation"
+        )
+        return ("error", "semantics", problem, fix)
+    return None
 
 
-def _linear_class(key: str, target: str, cls: Any, family: str | None, _: bool) -> Problem | None:
-    problem = f"semantics change: {target} is a norm ({family}) under the Linear key"
-    return None if family is None else ("error", "semantics", problem, "")
-
-
-def _activation_class(key: str, target: str, cls: Any, *_: Any) -> Problem | None:
-    problem = (
-        f"{target} is a GLU-family activation: anemoi-models raises ValueError: "
-        f"{anemoi.GLU_REFUSAL}"
-    )
-    fix = (
-        "set the component's mlp_implementation (glu, swiglu, geglu or reglu) and keep an "
-        "elementwise class such as torch.nn.GELU under layer_kernels.Activation"
-    )
-    glu = anemoi.glu_refused(getattr(cls, "__name__", ""))
-    return ("error", "semantics", problem, fix) if glu else None
-
-
-def _norm_outputs(module: Any, x: Any, call: str, family: str | None, *out: Any) -> Problem | None:
+def _norm_outputs(
+    module: Any, x: Any, call: str, family: str | None, scaled: Any, shifted: Any
+) -> Problem | None:
     import torch  # reason: the child's; the parent never imports torch for a config
 
-    name, (scaled, shifted) = type(module).__name__, out
+    name = type(module).__name__
     with torch.no_grad():
         base = module(x)
     if not torch.allclose(scaled, base, rtol=1e-3, atol=1e-3):
@@ -78,7 +78,7 @@ def _norm_outputs(module: Any, x: Any, call: str, family: str | None, *out: Any)
     return None
 
 
-def _linear_outputs(module: Any, x: Any, call: str, *_: Any) -> Problem | None:
+def _linear_outputs(module: Any, x: Any, call: str) -> Problem | None:
     import torch  # reason: as in _norm_outputs
 
     with torch.no_grad():
@@ -88,28 +88,6 @@ def _linear_outputs(module: Any, x: Any, call: str, *_: Any) -> Problem | None:
         return None
     problem = f"anemoi's {call} is not affine in its input: {type(module).__name__} is not a Linear"
     return ("error", "semantics", problem, "use a Linear implementation")
-
-
-@dataclass(frozen=True)
-class EntrySlot:
-    """What an entry under one key must be: the lock's slot, the input's width where anemoi's call
-    passes no size, the rule on the class (``on_class``: key, target, class, family, change allowed)
-    and on the outputs (``on_outputs``: module, input, call, family, at 4x and at +5)."""
-
-    slot: str
-    width: int
-    on_class: Callable[[str, str, Any, str | None, bool], Problem | None]
-    on_outputs: Callable[..., Problem | None] = lambda *_: None
-
-
-NORM = EntrySlot("LayerNorm", 64, _norm_class, _norm_outputs)
-ENTRY_SLOTS = {  # layer_kernels key -> its slot and checks
-    "LayerNorm": NORM,
-    "QueryNorm": NORM,
-    "KeyNorm": NORM,
-    "Linear": EntrySlot("Linear", 64, _linear_class, _linear_outputs),
-    "Activation": EntrySlot("Activation", 16, _activation_class),
-}
 
 
 # ---- the entry -----------------------------------------------------------------------------------
@@ -231,7 +209,7 @@ def check_entry(
             else "use a class whose constructor takes anemoi's arguments, or a thin subclass "
             "adapting it",
         )
-    if p := ENTRY_SLOTS[key].on_class(key, target, cls, family, allow_semantics_change):
+    if p := _class_problem(key, target, cls, family, allow_semantics_change):
         add(*p)
     stopped = ("signature", "semantics", "entry")
     if not any(f.severity == "error" and f.kind in stopped for f in findings):
@@ -327,11 +305,10 @@ def _computes(
     key: str, module: Any, args: Sequence[Any], call: str, family: str | None
 ) -> Problem | None:
     """The built module run forward and backward on a small input: its output's shape, then the
-    key's own rule on what it computes (``ENTRY_SLOTS``)."""
+    key's own rule on what it computes (a norm normalises, a Linear is affine)."""
     import torch  # reason: as in _norm_outputs
 
-    slot = ENTRY_SLOTS[key]
-    width = int(args[0]) if args else slot.width
+    width = int(args[0]) if args else (16 if key == "Activation" else 64)  # no size passed
     out = int(args[1]) if len(args) > 1 else width
     device = next((p.device for p in module.parameters()), torch.device("cpu"))
     gen = torch.Generator().manual_seed(0)
@@ -369,7 +346,9 @@ def _computes(
             "at the first layer after it",
             f"use a {key} implementation",
         )
-    return slot.on_outputs(module, x, call, family, scaled, shifted)
+    if key in NORM_KEYS:
+        return _norm_outputs(module, x, call, family, scaled, shifted)
+    return _linear_outputs(module, x, call) if key == "Linear" else None
 
 
 def _first(exc: BaseException) -> str:
