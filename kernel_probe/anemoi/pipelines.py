@@ -103,12 +103,14 @@ def check_config(
             findings.append(Finding("error", "lock", lock.path or "<lock>", problem, exc.fix or ""))
     own = [b for b in config.blocks if b.content is not None]
     facts: dict[str, dict[str, Any]] = {b.where: {} for b in own}
-    requests, asked = _requests(own, expected, trust, allow_semantics_change, findings, facts)
+    requests = _requests(own, expected, trust, allow_semantics_change, findings, facts)
     schema_status, schema_errors, results = _schema_and_entries(config, run, requests, timeout)
     findings[at_schema:at_schema] = schema_errors
-    for req, (block, report), res in zip(requests, asked, results, strict=True):
+    content = {b.where: b.content or {} for b in own}
+    for req, res in zip(requests, results, strict=True):
+        block = req.where[: -len(req.key) - 1]
         facts[block][req.key] = res.facts
-        if report:
+        if req.key in content[block]:  # not anemoi's default standing in for a key left out
             findings.extend(Finding(**f) for f in res.findings)
     for b in own:
         findings.extend(checks.merge_leftovers(b))
@@ -128,12 +130,11 @@ def _requests(
     allow_semantics_change: bool,
     findings: list[Finding],
     facts: dict[str, dict[str, Any]],
-) -> tuple[list[EntryCheckRequest], list[tuple[str, bool]]]:
-    """The entries to check in a child, and per request its block and whether its findings are
-    reported (not for anemoi's default standing in for a key the block leaves out). An entry that
-    may not be imported is reported here and compared with the lock by name only."""
+) -> list[EntryCheckRequest]:
+    """The entries to check in a child, and anemoi's default for each key a block leaves out that
+    the lock exports. An entry that may not be imported is reported here (``findings``) and
+    compared with the lock by name only."""
     requests: list[EntryCheckRequest] = []
-    asked: list[tuple[str, bool]] = []
     for b in own:
         for key, entry in b.content.items():
             where = f"{b.where}.{key}"
@@ -142,7 +143,11 @@ def _requests(
             if refusal is not None:
                 severity, problem, fix = refusal
                 kind = "trust"
-                if severity == "warning" and not _installed(str(target)):
+                try:  # found without importing anything
+                    found = find_spec(str(target).split(".")[0]) is not None
+                except (ImportError, ValueError):
+                    found = False
+                if severity == "warning" and not found:
                     kind, severity = "import", "error"  # said without importing anything
                     top = str(target).split(".")[0]
                     problem = f"{target!r} does not import here: No module named {top!r} (looked "
@@ -151,26 +156,14 @@ def _requests(
                 findings.append(Finding(severity, kind, where, problem, fix))
                 facts[b.where][key] = not_imported(target)
                 continue
+            allow = allow_semantics_change
             requests.append(
-                EntryCheckRequest(
-                    key=key, entry=entry, where=where, allow_semantics_change=allow_semantics_change
-                )
+                EntryCheckRequest(key=key, entry=entry, where=where, allow_semantics_change=allow)
             )
-            asked.append((b.where, True))
-        for key in expected:
-            if key not in b.content:
-                where = f"{b.where}.{key}"
-                requests.append(EntryCheckRequest(key=key, entry=ANEMOI_DEFAULTS[key], where=where))
-                asked.append((b.where, False))
-    return requests, asked
-
-
-def _installed(target: str) -> bool:
-    """Whether ``target``'s top-level package is installed, found without importing anything."""
-    try:
-        return find_spec(target.split(".")[0]) is not None
-    except (ImportError, ValueError):
-        return False
+        for key in (k for k in expected if k not in b.content):
+            where = f"{b.where}.{key}"
+            requests.append(EntryCheckRequest(key=key, entry=ANEMOI_DEFAULTS[key], where=where))
+    return requests
 
 
 def _schema_and_entries(
