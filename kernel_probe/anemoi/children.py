@@ -137,17 +137,10 @@ def _member_split(loc: tuple[Any, ...], tree: Any) -> tuple[list[str], list[tupl
     tags: list[tuple[str, str]] = []
     node = tree
     for part in loc:
-        if isinstance(node, Mapping) and str(part) in node:
+        listed = isinstance(node, list) and str(part).isdigit() and int(part) < len(node)
+        if listed or (isinstance(node, Mapping) and str(part) in node):
             path.append(str(part))
-            node = node[str(part)]
-        elif (
-            isinstance(node, list)
-            and isinstance(part, int | str)
-            and str(part).isdigit()
-            and int(part) < len(node)
-        ):
-            path.append(str(part))
-            node = node[int(part)]
+            node = node[int(part) if listed else str(part)]
         elif (
             isinstance(node, (Mapping, list)) and isinstance(part, str) and _looks_like_member(part)
         ):
@@ -242,30 +235,30 @@ def _errors(cfg: Any) -> tuple[list[dict[str, str]], list[str], dict[str, str]]:
 def validate(payload: Mapping[str, Any]) -> dict[str, Any]:
     """A ``SchemaRequest`` -> its ``SchemaReply`` (as JSON), within its ``memory`` budget."""
     request = SchemaRequest.from_json(payload)
+    return _validate(request, request.memory)
+
+
+def _validate(request: SchemaRequest, memory: int) -> dict[str, Any]:
     import torch  # noqa: F401  # reason: mapped before the cap (see _address_space)
 
-    with _address_space(request.memory):
-        return _validate(request)
+    with _address_space(memory):
+        from omegaconf import OmegaConf, open_dict  # reason: Hydra, in the child
 
-
-def _validate(request: SchemaRequest) -> dict[str, Any]:
-    from omegaconf import OmegaConf, open_dict  # reason: Hydra, in the child
-
-    if request.model_file:
-        cfg = _packaged()
-        with open_dict(cfg):
-            cfg["model"] = OmegaConf.create(request.tree)
-    else:
-        cfg = OmegaConf.create(request.tree)
-    errors, unset, members = _errors(cfg)
-    preset = _errors(_packaged([f"model={request.preset}"]))[0] if request.preset else []
-    return SchemaReply(
-        errors=errors,
-        unset=unset,
-        members=members,
-        preset=preset,
-        version=metadata.version("anemoi-training"),
-    ).to_json()
+        if request.model_file:
+            cfg = _packaged()
+            with open_dict(cfg):
+                cfg["model"] = OmegaConf.create(request.tree)
+        else:
+            cfg = OmegaConf.create(request.tree)
+        errors, unset, members = _errors(cfg)
+        preset = _errors(_packaged([f"model={request.preset}"]))[0] if request.preset else []
+        return SchemaReply(
+            errors=errors,
+            unset=unset,
+            members=members,
+            preset=preset,
+            version=metadata.version("anemoi-training"),
+        ).to_json()
 
 
 # ---- the schema and the entries in one child -----------------------------------------------------
@@ -274,10 +267,7 @@ def check(payload: Mapping[str, Any]) -> dict[str, Any]:
     request = ConfigCheckRequest.from_json(payload)
     schema: SchemaReply | None = None
     if request.schema is not None:
-        import torch  # noqa: F401  # reason: mapped before the cap (see _address_space)
-
-        with _address_space(request.schema_memory):
-            schema = SchemaReply.from_json(_validate(request.schema))
+        schema = SchemaReply.from_json(_validate(request.schema, request.schema_memory))
     entries = check_entries([e.to_json() for e in request.entries])
     replies = tuple(EntryCheckReply.from_json(e) for e in entries)
     return ConfigCheckReply(schema=schema, entries=replies).to_json()

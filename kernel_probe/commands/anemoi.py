@@ -77,15 +77,7 @@ def run_export(args: argparse.Namespace) -> int:
 
 
 def _export_for_config(args: argparse.Namespace, lock: Any) -> int:
-    result = export_for_config(
-        lock,
-        args.config,
-        args.overrides,
-        mode=args.mode,
-        qk_norm=args.qk_norm,
-        compose=not args.no_compose,
-        trust=config_trust(args),
-    )
+    result = export_for_config(lock, args.config, args.overrides, **_config_options(args))
     if not args.json:
         sys.stdout.write(render_overlay(result, path=args.lock, mode=args.mode, digest=lock.digest))
         return 0
@@ -101,6 +93,12 @@ def _export_for_config(args: argparse.Namespace, lock: Any) -> int:
         }
     )
     return 0
+
+
+def _config_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The options ``export --config`` and ``check-config`` pass alike."""
+    compose = not args.no_compose
+    return dict(mode=args.mode, qk_norm=args.qk_norm, compose=compose, trust=config_trust(args))
 
 
 def _header(path: str, mode: str, digest: str) -> str:
@@ -256,13 +254,10 @@ def run_check_config(args: argparse.Namespace) -> int:
         args.config,
         args.overrides,
         lock=lock,
-        mode=args.mode,
-        qk_norm=args.qk_norm,
         allow_semantics_change=args.allow_semantics_change,
-        compose=not args.no_compose,
         timeout=args.timeout,
         schema=not args.no_schema,
-        trust=config_trust(args),
+        **_config_options(args),
     )
     alt = result.alternative
     if args.json:
