@@ -147,16 +147,14 @@ def _same(a: Any, b: Any) -> bool:
 
 def _effective(blocks: Sequence[Block]) -> dict[str, Mapping[str, Any]]:
     """Block path -> the entries it uses (an inheriting block: its parent's)."""
-    own = {b.where: b.content for b in blocks if b.content is not None}
+    by_where = {b.where: b for b in blocks}
     out: dict[str, Mapping[str, Any]] = {}
     for b in blocks:
         seen, node = {b.where}, b
         while node.content is None and node.inherits and node.inherits not in seen:
             seen.add(node.inherits)
-            node = next(
-                (x for x in blocks if x.where == node.inherits), Block(node.inherits, content={})
-            )
-        out[b.where] = node.content if node.content is not None else own.get(b.where, {})
+            node = by_where.get(node.inherits, Block(node.inherits, content={}))
+        out[b.where] = node.content or {}
     return out
 
 
@@ -167,9 +165,8 @@ def preset_file(config: Config) -> tuple[str, Path] | None:
     mine = Path(config.path).resolve()
     name = config.choices.get("model", "")
     if name:
-        for d in (mine.parent / "model", packaged / "model" if packaged else None):
-            p = d / f"{name}.yaml" if d is not None else None
-            if p is not None and p.is_file() and p != mine:
+        for d in (mine.parent, packaged) if packaged else (mine.parent,):
+            if (p := d / "model" / f"{name}.yaml").is_file() and p != mine:
                 return name, p
         return None
     if config.shape == "model-file" and packaged is not None:
@@ -359,8 +356,7 @@ def _schema_fix(where: str, kind: str) -> str:
             "overlay, at the root of a model file (config/model/<name>.yaml); `kernel-probe "
             "export LOCK --config THIS_FILE` prints it in the right place"
         )
-    if kind == "extra_forbidden":
-        return "remove the key, or check its spelling against anemoi-training's schema"
-    if kind == "missing":
-        return "set it (anemoi-training's presets show the expected value)"
-    return "see anemoi-training's schema for this field"
+    return {
+        "extra_forbidden": "remove the key, or check its spelling against anemoi-training's schema",
+        "missing": "set it (anemoi-training's presets show the expected value)",
+    }.get(kind, "see anemoi-training's schema for this field")

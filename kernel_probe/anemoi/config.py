@@ -205,11 +205,6 @@ def classify(root: Mapping[str, Any], path: Path | None = None) -> Kind:
     return Kind("model-file", "no `model:` node: the file is read as the model node itself")
 
 
-def detect_shape(root: Mapping[str, Any], path: Path | None = None) -> str:
-    """``overlay``, ``full`` or ``model-file`` (see ``SHAPES`` and :func:`classify`)."""
-    return classify(root, path).shape
-
-
 # ---- walking the tree ----------------------------------------------------------------------------
 def mappings_where(
     tree: Any, wanted: Callable[[Mapping[str, Any]], bool], where: str = ""

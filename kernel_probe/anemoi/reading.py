@@ -187,12 +187,8 @@ def _composed(config: Config, root: Mapping[str, Any], answer: ComposeReply) -> 
         )
 
     model = tree.get("model") if isinstance(tree, Mapping) else None
-    add_blocks(
-        config,
-        model,
-        add,
-        "the composed config has no layer_kernels block: anemoi uses its defaults",
-    )
+    none = "the composed config has no layer_kernels block: anemoi uses its defaults"
+    add_blocks(config, model, add, none)
 
 
 def _defaults_text(root: Mapping[str, Any]) -> str:
@@ -206,17 +202,12 @@ def _defaults_text(root: Mapping[str, Any]) -> str:
 
 
 def _not_composed(config: Config, root: Mapping[str, Any], why: str, fix: str) -> None:
-    config.findings.append(
-        Finding(
-            "warning",
-            "defaults",
-            "defaults",
-            f"the defaults list ({_defaults_text(root)}) was not followed: {why}. Only what this "
-            "file itself sets is checked; the presets' layer_kernels (anemoi's model for this run) "
-            "are not seen here",
-            fix,
-        )
+    problem = (
+        f"the defaults list ({_defaults_text(root)}) was not followed: {why}. Only what this file "
+        "itself sets is checked; the presets' layer_kernels (anemoi's model for this run) are not "
+        "seen here"
     )
+    config.findings.append(Finding("warning", "defaults", "defaults", problem, fix))
 
 
 _NOT_OVERRIDDEN = re.compile(r"Could not override '([^']+)'")
