@@ -168,24 +168,16 @@ def check_entry(
     kwargs = {k: v for k, v in entry.items() if not (isinstance(k, str) and k.startswith("_"))}
     dims = [k for k in kwargs if k in DIMENSIONS[key]]
     for d in dims:
-        add(
-            "warning",
-            "dimension",
-            f"{d!r} is pinned here, but anemoi passes the size at the call site: a keyword call "
-            f"overrides it and a positional call {CALLS[key][0][0]} fails with 'multiple values'",
-            f"remove {d!r}",
-        )
+        problem = f"{d!r} is pinned here, but anemoi passes the size at the call site: a keyword "
+        problem += f"call overrides it and a positional call {CALLS[key][0][0]} fails with "
+        add("warning", "dimension", problem + "'multiple values'", f"remove {d!r}")
     try:
         cls = anemoi.locate(target)
     except (Exception, SystemExit) as exc:  # ImportError, or whatever a module raises on import
-        add(
-            "error",
-            "import",
-            f"{target!r} does not import here: importing {target.rpartition('.')[0]!r} raised "
-            f"{type(exc).__name__}: {exc}",
-            "install the library that provides it, or fix the dotted path (anemoi would raise an "
-            "empty InstantiationException and log the reason at INFO level)",
-        )
+        problem = f"{target!r} does not import here: importing {target.rpartition('.')[0]!r} "
+        fix = "install the library that provides it, or fix the dotted path (anemoi would raise "
+        fix += "an empty InstantiationException and log the reason at INFO level)"
+        add("error", "import", f"{problem}raised {type(exc).__name__}: {exc}", fix)
         return findings, facts
     facts["imported"] = True
     import torch  # reason: as in _norm_outputs
@@ -200,15 +192,11 @@ def check_entry(
     built = {k: v for k, v in kwargs.items() if k not in dims}  # a pinned size: dimension's
     for problem in convention_problems(cls, key, built):
         adapter = adapter_for(target)
-        add(
-            "error",
-            "signature",
-            f"{target} does not fit anemoi's call convention: {problem}",
-            f"use `_target_: {adapter}` (same class and state dict, anemoi's signature)"
-            if adapter
-            else "use a class whose constructor takes anemoi's arguments, or a thin subclass "
-            "adapting it",
-        )
+        fix = f"use `_target_: {adapter}` (same class and state dict, anemoi's signature)"
+        if not adapter:
+            fix = "use a class whose constructor takes anemoi's arguments, or a thin subclass "
+            fix += "adapting it"
+        add("error", "signature", f"{target} does not fit anemoi's call convention: {problem}", fix)
     if p := _class_problem(key, target, cls, family, allow_semantics_change):
         add(*p)
     stopped = ("signature", "semantics", "entry")
@@ -327,25 +315,17 @@ def _computes(
         # a value of the wrong type is the config's; anything else (no GPU driver for a GPU kernel)
         # is this machine's, and says nothing of what the entry computes where it runs
         config = isinstance(exc, (TypeError, ValueError))
-        return (
-            "error" if config else "warning",
-            "build",
-            f"anemoi's {call} builds, but its forward and backward on a {ROWS}x{width} float32 "
-            "input fail"
-            + ("" if config else " on this machine")
-            + f": {type(exc).__name__}: {_first(exc)}",
-            _fix(exc) if config else "check it on the machine it will run on",
-        )
+        problem = f"anemoi's {call} builds, but its forward and backward on a {ROWS}x{width} "
+        problem += "float32 input fail" + ("" if config else " on this machine")
+        fix = _fix(exc) if config else "check it on the machine it will run on"
+        problem += f": {type(exc).__name__}: {_first(exc)}"
+        return ("error" if config else "warning", "build", problem, fix)
     if not isinstance(y, torch.Tensor) or tuple(y.shape) != (ROWS, out):
         shape = tuple(y.shape) if isinstance(y, torch.Tensor) else type(y).__name__
-        return (
-            "error",
-            "semantics",
-            f"anemoi's {call} returns {shape} for a ({ROWS}, {width}) input, where {key} returns "
-            f"({ROWS}, {out}): {type(module).__name__} computes something else, and anemoi fails "
-            "at the first layer after it",
-            f"use a {key} implementation",
-        )
+        problem = f"anemoi's {call} returns {shape} for a ({ROWS}, {width}) input, where {key} "
+        problem += f"returns ({ROWS}, {out}): {type(module).__name__} computes something else, and "
+        problem += "anemoi fails at the first layer after it"
+        return ("error", "semantics", problem, f"use a {key} implementation")
     if key in NORM_KEYS:
         return _norm_outputs(module, x, call, family, scaled, shifted)
     return _linear_outputs(module, x, call) if key == "Linear" else None

@@ -192,14 +192,13 @@ def _schema_and_entries(
 @dataclass
 class ConfigExport:
     """The overlay for one config: ``entries`` (name -> lock entry); per block path, key -> entry
-    name; notes (where, note); per GraphTransformer component (relative to the model node) its
-    backend; per component (as in the config's tree) the keys the lock sets there (GatedMLP's)."""
+    name; notes (where, note); per component (its path in the config's tree) the keys the lock
+    sets there (graph attention backend, attention, GatedMLP)."""
 
     config: Config
     entries: dict[str, dict[str, Any]] = field(default_factory=dict)
     blocks: dict[str, dict[str, str]] = field(default_factory=dict)
     notes: list[tuple[str, str]] = field(default_factory=list)
-    graph_attention: dict[str, str] = field(default_factory=dict)
     components: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def overlay(self) -> dict[str, Any]:
@@ -217,8 +216,6 @@ class ConfigExport:
             node(where.split(".")[1:-1])["layer_kernels"] = {
                 key: f"${{model.{ENTRIES_NODE}.{name}}}" for key, name in keys.items()
             }
-        for where, backend in self.graph_attention.items():
-            node(where.split("."))["graph_attention_backend"] = backend
         for where, keys in self.components.items():  # "model.processor" -> processor
             node(where.split(".")[0 if model_file else 1 :]).update(keys)
         return model if model_file else {"model": model}
@@ -258,13 +255,11 @@ def export_for_config(
             if note:
                 out.notes.append((where, note))
     model_file = config.shape == "model-file"
-    out.graph_attention = components.overlay_settings(config.tree, lock, model_file=model_file)
-    setting = components.export_setting(lock)
-    if setting is not None:
-        prefix = "" if model_file else "model."
-        out.notes.extend(
-            (f"{prefix}{w}.graph_attention_backend", setting[1]) for w in out.graph_attention
-        )
+    note = (components.export_setting(lock) or ("", ""))[1]
+    for w, backend in components.overlay_settings(config.tree, lock, model_file=model_file).items():
+        where = w if model_file else f"model.{w}"
+        out.components.setdefault(where, {})["graph_attention_backend"] = backend
+        out.notes.append((f"{where}.graph_attention_backend", note))
     attention, said = components.attention_overlay(config.tree, lock, mode)
     for where, keys in attention.items():
         out.components.setdefault(where, {}).update(keys)
