@@ -177,9 +177,8 @@ def preset_file(config: Config) -> tuple[str, Path] | None:
 
 
 def lost_wrappers(config: Config) -> list[Finding]:
-    """A warning where the preset runs a norm inside one of anemoi's same-kernel wrappers
-    (AutocastLayerNorm: the output cast back to the input dtype) and this config replaces it with a
-    class that does not keep that behaviour."""
+    """A warning where the preset's norm runs in an anemoi wrapper (AutocastLayerNorm's cast back)
+    and this config replaces it with a class that does not keep that behaviour."""
     found = preset_file(config)
     if found is None:
         return []
@@ -229,8 +228,7 @@ SCHEMA_FIX = (
 
 @dataclass(frozen=True)
 class SchemaRun:
-    """The schema's run for one reading of a config: the child's request, how it is validated, the
-    packaged model preset it builds on ('' if none), and whether it is anemoi-training's own."""
+    """The schema's run for one reading of a config (``shipped``: anemoi-training's own file)."""
 
     request: SchemaRequest
     how: str
@@ -291,9 +289,8 @@ def schema_findings(
     run: SchemaRun | str | None = None,
     reply: SchemaReply | None = None,
 ) -> tuple[str, list[Finding]]:
-    """anemoi-training's ``BaseSchema`` on the config as ``train`` runs it: (how it ran, or why not;
-    its errors at their config paths, those the shipped preset has too marked as the preset's), in
-    a child of its own unless ``reply`` is the answer of the one that ran it."""
+    """anemoi-training's ``BaseSchema`` on the config: (how it ran, or why not; its errors, the
+    shipped preset's own marked so), in a child of its own unless ``reply`` is given."""
     run = schema_run(config) if run is None else run
     if isinstance(run, str):
         return run, []

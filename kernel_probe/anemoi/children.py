@@ -276,8 +276,7 @@ def check(payload: Mapping[str, Any]) -> dict[str, Any]:
 @contextlib.contextmanager
 def _address_space(budget: int) -> Iterator[None]:
     """While the block runs, this process may map at most ``budget`` bytes more than now (0: no
-    cap; the soft limit, lifted after): the children's memory cap (docs/anemoi.md). Import torch
-    before it: a CUDA/ROCm build maps GBs of libraries that no budget should count."""
+    cap; docs/anemoi.md); import torch before it (a CUDA build maps GBs no budget should count)."""
     if not budget:
         yield
         return

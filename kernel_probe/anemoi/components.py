@@ -145,10 +145,8 @@ def _attention(
 def attention_overlay(
     tree: Any, lock: KernelLock, mode: str | None = None
 ) -> tuple[dict[str, dict[str, Any]], list[tuple[str, str]]]:
-    """``export --config``'s attention: per component with attention (its path in ``tree``), the
-    lock's ``attention_implementation``; notes. The model's own options (``window_size``,
-    ``softcap``, ...) are never written: a component whose option the lock did not check is noted
-    (``check-config --lock`` refuses it) and left as the config has it."""
+    """``export --config``'s attention: per component path, the lock's ``attention_implementation``;
+    notes. The model's own options (``window_size``, ...) are never written, only noted."""
     exported = attention_export(lock, mode)
     if exported is None:
         return {}, []
@@ -171,8 +169,7 @@ def attention_overlay(
 
 # ---- graph attention -----------------------------------------------------------------------------
 def graph_components(tree: Any, where: str = "") -> Iterator[tuple[str, Mapping[str, Any]]]:
-    """Every GraphTransformer component of ``tree`` (``GT_TARGETS``, or setting the key), with its
-    dotted path."""
+    """Every GraphTransformer component of ``tree`` (``GT_TARGETS``, or setting the key)."""
     return mappings_where(
         tree, lambda tree: tree.get("_target_") in GT_TARGETS or ANEMOI_KEY in tree, where
     )

@@ -211,8 +211,7 @@ def built_problems(
     key: str, cls: Any, kwargs: Mapping[str, Any], family: str | None = None
 ) -> list[Problem]:
     """The entry built at each of anemoi's call sites (``CALLS``) as Hydra's partial passes its
-    kwargs, then run forward and backward on a small input: a value of the wrong type, a missing
-    device, a keyword a base refuses, a class computing something else."""
+    kwargs, then run forward and backward on a small input."""
     import torch  # reason: as in _norm_outputs
 
     problems = _value_problems(kwargs)

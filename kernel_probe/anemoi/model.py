@@ -304,9 +304,8 @@ def build(config: str) -> tuple[Any, tuple[Any, ...], dict[str, Any]]:
 
 
 def attention_through_the_slot(model: Any) -> None:
-    """Each anemoi attention's backend called through the Attention slot's ``SDPAttention`` with its
-    own window, so the trace records the window (anemoi's SDPA path passes a mask); one with a
-    softcap or alibi slopes is left as anemoi built it."""
+    """Each anemoi attention (without softcap or alibi) run through the Attention slot's
+    ``SDPAttention`` with its own window, so the trace records the window."""
     import torch  # reason: torch and anemoi in the child only
     from anemoi.models.layers.attention import MultiHeadSelfAttention
 

@@ -131,9 +131,8 @@ def _requests(
     findings: list[Finding],
     facts: dict[str, dict[str, Any]],
 ) -> list[EntryCheckRequest]:
-    """The entries to check in a child, and anemoi's default for each key a block leaves out that
-    the lock exports. An entry that may not be imported is reported here (``findings``) and
-    compared with the lock by name only."""
+    """The entries to check in a child, with anemoi's default for each key the lock exports that a
+    block leaves out; an entry that may not be imported goes to ``findings`` instead."""
     requests: list[EntryCheckRequest] = []
     for b in own:
         for key, entry in b.content.items():
@@ -169,9 +168,8 @@ def _requests(
 def _schema_and_entries(
     config: Config, run: SchemaRun | str, requests: list[EntryCheckRequest], timeout: float
 ) -> tuple[str, list[Finding], list[EntryCheckReply]]:
-    """The schema (where ``run`` is one) and the entries' checks in one child (torch and anemoi
-    imported once): (the schema's status line, its findings, one reply per request). Where that
-    child fails, each part runs again in a child of its own, so the findings say which failed."""
+    """(schema status, its findings, one reply per request) from one child; where it fails, each
+    part runs again in a child of its own, so the findings say which failed."""
     reply: ConfigCheckReply | None = None
     if isinstance(run, SchemaRun) and requests:
         request = ConfigCheckRequest(
@@ -191,9 +189,8 @@ def _schema_and_entries(
 # ---- export for one config -----------------------------------------------------------------------
 @dataclass
 class ConfigExport:
-    """The overlay for one config: ``entries`` (name -> lock entry); per block path, key -> entry
-    name; notes (where, note); per component (its path in the config's tree) the keys the lock
-    sets there (graph attention backend, attention, GatedMLP)."""
+    """The overlay for one config: entries by name, per block path its key -> entry name, notes,
+    and per component (its path in the config's tree) the keys the lock sets there."""
 
     config: Config
     entries: dict[str, dict[str, Any]] = field(default_factory=dict)

@@ -244,8 +244,11 @@ def _compose_failed(
     why: str,
     kind: str,
 ) -> None:
-    """The finding for a composition that did not happen: a warning where Hydra or the presets
-    are missing, an error where the config or a search path is refused."""
+    """The finding for a composition that did not happen: a warning where it was switched off or
+    Hydra or the presets are missing, an error where the config or a search path is refused."""
+    if kind == "off":
+        fix = "drop --no-compose to check the model anemoi-training will build"
+        return _not_composed(config, root, why, fix)
     if kind == "missing":
         fix = (
             "install hydra-core and anemoi-training (`pip install --no-deps anemoi-training`, as "
@@ -299,23 +302,19 @@ def read_config(
         shape == "overlay" or bool(overrides) or (member and isinstance(root.get("defaults"), list))
     )
     as_root = {"model": root} if shape == "model-file" else root
-    if not (wants_composition and compose_overlays):
-        config = find_blocks(root, shape)
-        if wants_composition:
-            why = "composition was switched off (--no-compose)"
-            fix = "drop --no-compose to check the model anemoi-training will build"
-            _not_composed(config, root, why, fix)
-    else:
+    answer, why, kind = None, "composition was switched off (--no-compose)", "off"
+    if wants_composition and compose_overlays:
         if member:
             where, name, more = p.resolve().parent.parent, "config", [f"model={p.stem}"]
         else:
             where, name, more = p.parent, p.stem, []
         answer, why, kind = compose(where, name, [*more, *overrides], timeout, trust)
-        if answer is not None:
-            config = Config(shape=shape)
-            _composed(config, as_root, answer)
-        else:
-            config = find_blocks(root, shape)
+    if answer is not None:
+        config = Config(shape=shape)
+        _composed(config, as_root, answer)
+    else:
+        config = find_blocks(root, shape)
+        if wants_composition:
             _compose_failed(config, root, as_root, p, why, kind)
     config.path, config.overrides = str(p), list(overrides)
     if shape == decided.shape:
