@@ -173,16 +173,13 @@ def closest_members(
             if len(tags) <= depth or best[(tuple(tags[:depth]), tags[depth][0])] == tags[depth][1]
         ]
         depth += 1
-    out = [
-        {
-            "where": ".".join(path) or "(root)",
-            "type": str(e.get("type", "")),
-            "message": str(e.get("msg")),
-        }
-        for e, path, _ in split
-    ]
-    unique = list({(o["where"], o["type"], o["message"]): o for o in out}.values())
-    return unique, {where or "(root)": tag for where, tag in chosen.items()}
+    unique: dict[tuple[str, ...], dict[str, str]] = {}
+    for e, path, _ in split:
+        where, kind, message = ".".join(path) or "(root)", str(e.get("type", "")), str(e.get("msg"))
+        unique.setdefault(
+            (where, kind, message), {"where": where, "type": kind, "message": message}
+        )
+    return list(unique.values()), {where or "(root)": tag for where, tag in chosen.items()}
 
 
 def _fill_missing(cfg: Any, path: tuple[str, ...], unset: list[str]) -> None:

@@ -375,15 +375,11 @@ def find_blocks(root: Mapping[str, Any], shape: str | None = None) -> Config:
     model_is_root = shape == "model-file"
     model = root if model_is_root else root.get("model")
     r = _Resolver(root, model_is_root=model_is_root, complete=shape == "full")
-    add_blocks(
-        config,
-        {} if model is None else model,
-        lambda where, value: add_block(
-            config,
-            where,
-            r.resolve(value, where, config.findings),
-            source=value if isinstance(value, str) else "",
-        ),
-        "no layer_kernels block found anywhere under the model node: anemoi uses its defaults",
-    )
+
+    def add(where: str, value: Any) -> None:
+        source = value if isinstance(value, str) else ""
+        add_block(config, where, r.resolve(value, where, config.findings), source=source)
+
+    none = "no layer_kernels block found anywhere under the model node: anemoi uses its defaults"
+    add_blocks(config, {} if model is None else model, add, none)
     return config

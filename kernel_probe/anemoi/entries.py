@@ -402,12 +402,9 @@ def judge_entries(
             out.extend(EntryCheckReply.from_json(v) for v in one.value)
             continue
         target = r.entry.get("_target_") if isinstance(r.entry, Mapping) else None
+        fix = "run `kernel-probe env` to see which library is broken here"
         finding = Finding(
-            "error",
-            "import",
-            r.where,
-            f"importing {target!r} failed: {one.reason}",
-            "run `kernel-probe env` to see which library is broken here",
+            "error", "import", r.where, f"importing {target!r} failed: {one.reason}", fix
         )
         out.append(EntryCheckReply(findings=[finding.to_json()], facts=not_imported(target)))
     return out
