@@ -183,8 +183,7 @@ def sdpa_where_no_flash(cfg: Any) -> None:
 # ---- the model -----------------------------------------------------------------------------------
 def _graph(cfg: Any, sizes: GraphSizes) -> Any:
     """A ``HeteroData`` with the config's node and edge sets at their sizes (:class:`_Values`)."""
-    import torch  # reason: torch in the child only
-    from torch_geometric.data import HeteroData  # type: ignore[import-untyped]
+    from torch_geometric.data import HeteroData  # type: ignore[import-untyped]  # in the child
 
     g, values = HeteroData(), _Values()
     for name, n in sizes.nodes.items():
@@ -198,7 +197,7 @@ def _graph(cfg: Any, sizes: GraphSizes) -> Any:
         store.edge_index = values.edges(n, sizes.nodes[key[0]], sizes.nodes[key[1]])
         for attribute in edge.attributes:
             store[attribute] = values.normal(n, widths.get(str(attribute), 1))
-    if torch.empty(0).device.type != "meta":
+    if not values.meta:
         warnings.warn(SEEDED_GRAPH, stacklevel=2)
     return g
 

@@ -116,8 +116,8 @@ def check_config(
         findings.extend(checks.merge_leftovers(b))
         if expected:
             findings.extend(checks.compare_with_lock(b, expected, facts[b.where]))
-    result = CheckResult(config, findings, expected, schema=schema_status)
-    result.torch_pin = torch_pin_notes()
+    pin = torch_pin_notes()
+    result = CheckResult(config, findings, expected, schema=schema_status, torch_pin=pin)
     if _shape is None and config.alternative:  # ambiguous: checked the other way too
         result.alternative = check_config(path, overrides, **options, _shape=config.alternative)
     return result
