@@ -256,7 +256,12 @@ def _value_problems(kwargs: Mapping[str, Any]) -> list[Problem]:
         problem = f"device {device!r} is not a torch device: {_first(exc)}"
         out.append(("error", "value", problem, "remove `device`"))
     else:
-        if dev is not None and dev.type != "cpu" and not _device_present(dev):
+        try:  # how many such devices this machine has (0: none, or its backend is not available)
+            module = getattr(torch, dev.type, None) if dev is not None else None
+            count = int(module.device_count()) if module and module.is_available() else 0
+        except Exception:
+            count = 0
+        if dev is not None and dev.type != "cpu" and count <= (dev.index or 0):
             no_cuda = dev.type == "cuda" and not torch.cuda.is_available()
             problem = (
                 f"device {device!r}: this machine has no {dev.type} device, so anemoi fails "
@@ -275,17 +280,6 @@ def _value_problems(kwargs: Mapping[str, Any]) -> list[Problem]:
             fix = f"write {name} as a number, or cast it: ${{oc.decode:...}}"
             out.append(("error", "value", problem, fix))
     return out
-
-
-def _device_present(dev: Any) -> bool:
-    import torch  # reason: as in _norm_outputs
-
-    module = getattr(torch, dev.type, None)
-    try:
-        count = int(module.device_count()) if module is not None and module.is_available() else 0
-    except Exception:
-        return False
-    return count > (dev.index or 0)
 
 
 def _computes(
