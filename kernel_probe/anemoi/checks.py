@@ -236,35 +236,27 @@ class SchemaRun:
     shipped: bool
 
 
-def schema_input(config: Config) -> tuple[Any, bool, str] | str:
-    """(tree, is a model node, how it is validated), or why the schema cannot judge this config."""
-    tree = config.tree
-    if not isinstance(tree, Mapping):
-        return "the config could not be read as a whole"
-    if config.shape == "overlay" and not config.composed:
-        return "the overlay was not composed, and alone it is not a training config"
-    if config.shape == "model-file" and not config.composed:
-        return tree, True, "this model node inside anemoi-training's packaged config"
-    if config.shape == "full" and set(tree) <= {"model", "defaults"}:
-        model = tree.get("model")
-        if not isinstance(model, Mapping) or not isinstance(model.get("model"), Mapping):
-            return (
-                "the file holds only part of a model node (no model class at "
-                "model.model._target_); check the training config or overlay that uses it"
-            )
-        return model, True, "this file's model node inside anemoi-training's packaged config"
-    return tree, False, "the composed config" if config.composed else "the file as a whole"
-
-
 def schema_run(config: Config) -> SchemaRun | str:
     """The schema's request for ``config``, or the status saying why it is not run."""
     packaged = packaged_dir()
     if packaged is None or installed("anemoi-training") is None or installed("hydra-core") is None:
         return f"not run: anemoi-training is not installed here; {SCHEMA_FIX}"
-    what = schema_input(config)
-    if isinstance(what, str):
-        return f"not run: {what}"
-    tree, model_file, how = what
+    tree, model_file = config.tree, False
+    if not isinstance(tree, Mapping):
+        return "not run: the config could not be read as a whole"
+    if config.shape == "overlay" and not config.composed:
+        return "not run: the overlay was not composed, and alone it is not a training config"
+    how = "the composed config" if config.composed else "the file as a whole"
+    if config.shape == "model-file" and not config.composed:
+        model_file, how = True, "this model node inside anemoi-training's packaged config"
+    elif config.shape == "full" and set(tree) <= {"model", "defaults"}:
+        tree = tree.get("model")
+        if not isinstance(tree, Mapping) or not isinstance(tree.get("model"), Mapping):
+            return (
+                "not run: the file holds only part of a model node (no model class at "
+                "model.model._target_); check the training config or overlay that uses it"
+            )
+        model_file, how = True, "this file's model node inside anemoi-training's packaged config"
     p = Path(config.path)
     name = config.choices.get("model", "")
     if name and (packaged / "model" / f"{name}.yaml").is_file():
