@@ -321,16 +321,12 @@ def _failure(args: argparse.Namespace, result: Any, code: int) -> dict:
     if code == 0:
         return {"ok": True}
     errors = [f for f in result.findings if f.severity == "error"] or list(result.findings)
-    if not errors:
-        problem = "the config's layer_kernels blocks do not pass on this machine"
-        return output.failure(problem, code, kind="ConfigFindings", file=args.config)
-    first, more = errors[0], len(errors) - 1
-    problem = f"{first.where}: {first.problem}" + (
-        f" (and {more} more, under findings)" if more else ""
-    )
-    return output.failure(
-        problem, code, kind="ConfigFindings", file=args.config, key=first.where, fix=first.fix
-    )
+    problem, key, fix = "the config's layer_kernels blocks do not pass on this machine", None, None
+    if errors:
+        first, more = errors[0], len(errors) - 1
+        said = f" (and {more} more, under findings)" if more else ""
+        problem, key, fix = f"{first.where}: {first.problem}{said}", first.where, first.fix
+    return output.failure(problem, code, kind="ConfigFindings", file=args.config, key=key, fix=fix)
 
 
 STYLE = {"error": "bold red", "warning": "yellow", "note": "dim"}
