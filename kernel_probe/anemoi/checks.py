@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from kernel_lock.anemoi import ANEMOI_DEFAULTS, ConventionError, Exported, entry_for, wrapper_of
-from kernel_probe.anemoi.config import Block, Config, Finding, find_blocks, load_config
+from kernel_probe.anemoi.config import Block, Config, Finding, find_blocks, load_config, walk
 from kernel_probe.anemoi.entries import NORM_KEYS
 from kernel_probe.anemoi.reading import CHILDREN, COMPOSE_MEMORY, installed, packaged_dir
 from kernel_probe.errors import InputFileError
@@ -44,9 +44,12 @@ def components_without_blocks(config: Config, *, lock_given: bool) -> list[Findi
     model = tree if config.shape == "model-file" and not config.composed else tree.get("model")
     defaults = ", ".join(f"{k}: {v['_target_']}" for k, v in ANEMOI_DEFAULTS.items())
     out: list[Finding] = []
-    for where, node in _components(model, "model"):
-        if "layer_kernels" in node:
+    for path, node in walk(model):
+        target = node.get("_target_") if isinstance(node, Mapping) else None
+        component = isinstance(target, str) and target.rpartition(".")[0] in COMPONENT_MODULES
+        if not component or "layer_kernels" in node or path[-1:] == ("layer_kernels",):
             continue
+        where = ".".join(("model", *path))
         name = str(node["_target_"]).rpartition(".")[2]
         problem = (
             f"{name} at {where} has no layer_kernels block: anemoi builds it with its defaults "
@@ -57,22 +60,6 @@ def components_without_blocks(config: Config, *, lock_given: bool) -> list[Findi
         severity, kind = ("error", "lock") if lock_given else ("warning", "entry")
         out.append(Finding(severity, kind, f"{where}.layer_kernels", problem, fix))
     return out
-
-
-def _components(node: Any, where: str) -> list[tuple[str, Mapping[str, Any]]]:
-    """(path, node) of every node whose ``_target_`` is a class of ``COMPONENT_MODULES``."""
-    found: list[tuple[str, Mapping[str, Any]]] = []
-    if isinstance(node, Mapping):
-        target = node.get("_target_")
-        if isinstance(target, str) and target.rpartition(".")[0] in COMPONENT_MODULES:
-            found.append((where, node))
-        for key, value in node.items():
-            if key != "layer_kernels":
-                found.extend(_components(value, f"{where}.{key}"))
-    elif isinstance(node, list):
-        for i, value in enumerate(node):
-            found.extend(_components(value, f"{where}.{i}"))
-    return found
 
 
 def merge_leftovers(block: Block) -> list[Finding]:

@@ -224,17 +224,19 @@ def mappings_where(
             yield from mappings_where(value, wanted, f"{where}[{i}]")
 
 
+def walk(node: Any, path: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...], Any]]:
+    """(path, value) of ``node`` and of every value under it, depth first; a ``layer_kernels``
+    block is yielded but not entered."""
+    yield path, node
+    if path[-1:] == ("layer_kernels",) or not isinstance(node, (Mapping, list)):
+        return
+    for key, value in node.items() if isinstance(node, Mapping) else enumerate(node):
+        yield from walk(value, (*path, str(key)))
+
+
 def layer_kernels_paths(node: Any, path: tuple[str, ...] = ()) -> Iterator[tuple[str, ...]]:
     """Every path to a ``layer_kernels`` key under ``node``, depth first."""
-    if isinstance(node, Mapping):
-        for key, value in node.items():
-            if key == "layer_kernels":
-                yield (*path, str(key))
-            else:
-                yield from layer_kernels_paths(value, (*path, str(key)))
-    elif isinstance(node, list):
-        for i, value in enumerate(node):
-            yield from layer_kernels_paths(value, (*path, str(i)))
+    return (p for p, _ in walk(node, path) if p[len(path) :][-1:] == ("layer_kernels",))
 
 
 def value_at(node: Any, path: Sequence[str]) -> Any:
