@@ -1,6 +1,5 @@
-"""Checks of a config as a whole, in the parent (nothing here imports a target): components no
-block reaches, what Hydra's merge left behind, the lock comparison, anemoi wrappers a config
-drops, and anemoi-training's own schema (run in a child: ``kernel_probe.anemoi.children``)."""
+"""Checks of a config as a whole, in the parent: components no block reaches, Hydra's merge
+leftovers, the lock comparison, dropped anemoi wrappers, and the schema (in a child)."""
 
 from __future__ import annotations
 
@@ -11,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from kernel_lock.anemoi import ANEMOI_DEFAULTS, ConventionError, Exported, entry_for, wrapper_of
-from kernel_probe.anemoi.config import Block, Config, Finding, find_blocks, load_config
+from kernel_probe.anemoi.config import Block, Config, Finding, find_blocks, load_config, walk
 from kernel_probe.anemoi.entries import NORM_KEYS
 from kernel_probe.anemoi.reading import CHILDREN, COMPOSE_MEMORY, installed, packaged_dir
 from kernel_probe.errors import InputFileError
@@ -45,9 +44,12 @@ def components_without_blocks(config: Config, *, lock_given: bool) -> list[Findi
     model = tree if config.shape == "model-file" and not config.composed else tree.get("model")
     defaults = ", ".join(f"{k}: {v['_target_']}" for k, v in ANEMOI_DEFAULTS.items())
     out: list[Finding] = []
-    for where, node in _components(model, "model"):
-        if "layer_kernels" in node:
+    for path, node in walk(model):
+        target = node.get("_target_") if isinstance(node, Mapping) else None
+        component = isinstance(target, str) and target.rpartition(".")[0] in COMPONENT_MODULES
+        if not component or "layer_kernels" in node or path[-1:] == ("layer_kernels",):
             continue
+        where = ".".join(("model", *path))
         name = str(node["_target_"]).rpartition(".")[2]
         problem = (
             f"{name} at {where} has no layer_kernels block: anemoi builds it with its defaults "
@@ -58,22 +60,6 @@ def components_without_blocks(config: Config, *, lock_given: bool) -> list[Findi
         severity, kind = ("error", "lock") if lock_given else ("warning", "entry")
         out.append(Finding(severity, kind, f"{where}.layer_kernels", problem, fix))
     return out
-
-
-def _components(node: Any, where: str) -> list[tuple[str, Mapping[str, Any]]]:
-    """(path, node) of every node whose ``_target_`` is a class of ``COMPONENT_MODULES``."""
-    found: list[tuple[str, Mapping[str, Any]]] = []
-    if isinstance(node, Mapping):
-        target = node.get("_target_")
-        if isinstance(target, str) and target.rpartition(".")[0] in COMPONENT_MODULES:
-            found.append((where, node))
-        for key, value in node.items():
-            if key != "layer_kernels":
-                found.extend(_components(value, f"{where}.{key}"))
-    elif isinstance(node, list):
-        for i, value in enumerate(node):
-            found.extend(_components(value, f"{where}.{i}"))
-    return found
 
 
 def merge_leftovers(block: Block) -> list[Finding]:
@@ -148,16 +134,14 @@ def _same(a: Any, b: Any) -> bool:
 
 def _effective(blocks: Sequence[Block]) -> dict[str, Mapping[str, Any]]:
     """Block path -> the entries it uses (an inheriting block: its parent's)."""
-    own = {b.where: b.content for b in blocks if b.content is not None}
+    by_where = {b.where: b for b in blocks}
     out: dict[str, Mapping[str, Any]] = {}
     for b in blocks:
         seen, node = {b.where}, b
         while node.content is None and node.inherits and node.inherits not in seen:
             seen.add(node.inherits)
-            node = next(
-                (x for x in blocks if x.where == node.inherits), Block(node.inherits, content={})
-            )
-        out[b.where] = node.content if node.content is not None else own.get(b.where, {})
+            node = by_where.get(node.inherits, Block(node.inherits, content={}))
+        out[b.where] = node.content or {}
     return out
 
 
@@ -168,9 +152,8 @@ def preset_file(config: Config) -> tuple[str, Path] | None:
     mine = Path(config.path).resolve()
     name = config.choices.get("model", "")
     if name:
-        for d in (mine.parent / "model", packaged / "model" if packaged else None):
-            p = d / f"{name}.yaml" if d is not None else None
-            if p is not None and p.is_file() and p != mine:
+        for d in (mine.parent, packaged) if packaged else (mine.parent,):
+            if (p := d / "model" / f"{name}.yaml").is_file() and p != mine:
                 return name, p
         return None
     if config.shape == "model-file" and packaged is not None:
@@ -181,9 +164,8 @@ def preset_file(config: Config) -> tuple[str, Path] | None:
 
 
 def lost_wrappers(config: Config) -> list[Finding]:
-    """A warning where the preset runs a norm inside one of anemoi's same-kernel wrappers
-    (AutocastLayerNorm: the output cast back to the input dtype) and this config replaces it with a
-    class that does not keep that behaviour."""
+    """A warning where the preset's norm runs in an anemoi wrapper (AutocastLayerNorm's cast back)
+    and this config replaces it with a class that does not keep that behaviour."""
     found = preset_file(config)
     if found is None:
         return []
@@ -233,8 +215,7 @@ SCHEMA_FIX = (
 
 @dataclass(frozen=True)
 class SchemaRun:
-    """The schema's run for one reading of a config: the child's request, how it is validated, the
-    packaged model preset it builds on ('' if none), and whether it is anemoi-training's own."""
+    """The schema's run for one reading of a config (``shipped``: anemoi-training's own file)."""
 
     request: SchemaRequest
     how: str
@@ -242,35 +223,27 @@ class SchemaRun:
     shipped: bool
 
 
-def schema_input(config: Config) -> tuple[Any, bool, str] | str:
-    """(tree, is a model node, how it is validated), or why the schema cannot judge this config."""
-    tree = config.tree
-    if not isinstance(tree, Mapping):
-        return "the config could not be read as a whole"
-    if config.shape == "overlay" and not config.composed:
-        return "the overlay was not composed, and alone it is not a training config"
-    if config.shape == "model-file" and not config.composed:
-        return tree, True, "this model node inside anemoi-training's packaged config"
-    if config.shape == "full" and set(tree) <= {"model", "defaults"}:
-        model = tree.get("model")
-        if not isinstance(model, Mapping) or not isinstance(model.get("model"), Mapping):
-            return (
-                "the file holds only part of a model node (no model class at "
-                "model.model._target_); check the training config or overlay that uses it"
-            )
-        return model, True, "this file's model node inside anemoi-training's packaged config"
-    return tree, False, "the composed config" if config.composed else "the file as a whole"
-
-
 def schema_run(config: Config) -> SchemaRun | str:
     """The schema's request for ``config``, or the status saying why it is not run."""
     packaged = packaged_dir()
     if packaged is None or installed("anemoi-training") is None or installed("hydra-core") is None:
         return f"not run: anemoi-training is not installed here; {SCHEMA_FIX}"
-    what = schema_input(config)
-    if isinstance(what, str):
-        return f"not run: {what}"
-    tree, model_file, how = what
+    tree, model_file = config.tree, False
+    if not isinstance(tree, Mapping):
+        return "not run: the config could not be read as a whole"
+    if config.shape == "overlay" and not config.composed:
+        return "not run: the overlay was not composed, and alone it is not a training config"
+    how = "the composed config" if config.composed else "the file as a whole"
+    if config.shape == "model-file" and not config.composed:
+        model_file, how = True, "this model node inside anemoi-training's packaged config"
+    elif config.shape == "full" and set(tree) <= {"model", "defaults"}:
+        tree = tree.get("model")
+        if not isinstance(tree, Mapping) or not isinstance(tree.get("model"), Mapping):
+            return (
+                "not run: the file holds only part of a model node (no model class at "
+                "model.model._target_); check the training config or overlay that uses it"
+            )
+        model_file, how = True, "this file's model node inside anemoi-training's packaged config"
     p = Path(config.path)
     name = config.choices.get("model", "")
     if name and (packaged / "model" / f"{name}.yaml").is_file():
@@ -295,9 +268,8 @@ def schema_findings(
     run: SchemaRun | str | None = None,
     reply: SchemaReply | None = None,
 ) -> tuple[str, list[Finding]]:
-    """anemoi-training's ``BaseSchema`` on the config as ``train`` runs it: (how it ran, or why not;
-    its errors at their config paths, those the shipped preset has too marked as the preset's), in
-    a child of its own unless ``reply`` is the answer of the one that ran it."""
+    """anemoi-training's ``BaseSchema`` on the config: (how it ran, or why not; its errors, the
+    shipped preset's own marked so), in a child of its own unless ``reply`` is given."""
     run = schema_run(config) if run is None else run
     if isinstance(run, str):
         return run, []
@@ -360,8 +332,7 @@ def _schema_fix(where: str, kind: str) -> str:
             "overlay, at the root of a model file (config/model/<name>.yaml); `kernel-probe "
             "export LOCK --config THIS_FILE` prints it in the right place"
         )
-    if kind == "extra_forbidden":
-        return "remove the key, or check its spelling against anemoi-training's schema"
-    if kind == "missing":
-        return "set it (anemoi-training's presets show the expected value)"
-    return "see anemoi-training's schema for this field"
+    return {
+        "extra_forbidden": "remove the key, or check its spelling against anemoi-training's schema",
+        "missing": "set it (anemoi-training's presets show the expected value)",
+    }.get(kind, "see anemoi-training's schema for this field")

@@ -1,9 +1,6 @@
-"""The child side of reading and checking an anemoi config, JSON in and out, so that a hostile
-config or a broken library cannot take the caller with it: :func:`compose` (Hydra's composition as
-``anemoi-training train`` does it; an untrusted ``pkg://`` is refused before Hydra imports it),
-:func:`validate` (``BaseSchema``; ``???`` values reported as unset; of a union, the best-fitting
-member's errors) and :func:`check` (the schema, address space capped, then the entries uncapped).
-"""
+"""The child side of reading and checking an anemoi config, JSON in and out: :func:`compose`
+(Hydra's composition; an untrusted ``pkg://`` is refused before Hydra imports it), :func:`validate`
+(``BaseSchema``) and :func:`check` (the schema, address space capped, then the entries)."""
 
 from __future__ import annotations
 
@@ -140,17 +137,10 @@ def _member_split(loc: tuple[Any, ...], tree: Any) -> tuple[list[str], list[tupl
     tags: list[tuple[str, str]] = []
     node = tree
     for part in loc:
-        if isinstance(node, Mapping) and str(part) in node:
+        listed = isinstance(node, list) and str(part).isdigit() and int(part) < len(node)
+        if listed or (isinstance(node, Mapping) and str(part) in node):
             path.append(str(part))
-            node = node[str(part)]
-        elif (
-            isinstance(node, list)
-            and isinstance(part, int | str)
-            and str(part).isdigit()
-            and int(part) < len(node)
-        ):
-            path.append(str(part))
-            node = node[int(part)]
+            node = node[int(part) if listed else str(part)]
         elif (
             isinstance(node, (Mapping, list)) and isinstance(part, str) and _looks_like_member(part)
         ):
@@ -183,16 +173,13 @@ def closest_members(
             if len(tags) <= depth or best[(tuple(tags[:depth]), tags[depth][0])] == tags[depth][1]
         ]
         depth += 1
-    out = [
-        {
-            "where": ".".join(path) or "(root)",
-            "type": str(e.get("type", "")),
-            "message": str(e.get("msg")),
-        }
-        for e, path, _ in split
-    ]
-    unique = list({(o["where"], o["type"], o["message"]): o for o in out}.values())
-    return unique, {where or "(root)": tag for where, tag in chosen.items()}
+    unique: dict[tuple[str, ...], dict[str, str]] = {}
+    for e, path, _ in split:
+        where, kind, message = ".".join(path) or "(root)", str(e.get("type", "")), str(e.get("msg"))
+        unique.setdefault(
+            (where, kind, message), {"where": where, "type": kind, "message": message}
+        )
+    return list(unique.values()), {where or "(root)": tag for where, tag in chosen.items()}
 
 
 def _fill_missing(cfg: Any, path: tuple[str, ...], unset: list[str]) -> None:
@@ -245,30 +232,30 @@ def _errors(cfg: Any) -> tuple[list[dict[str, str]], list[str], dict[str, str]]:
 def validate(payload: Mapping[str, Any]) -> dict[str, Any]:
     """A ``SchemaRequest`` -> its ``SchemaReply`` (as JSON), within its ``memory`` budget."""
     request = SchemaRequest.from_json(payload)
+    return _validate(request, request.memory)
+
+
+def _validate(request: SchemaRequest, memory: int) -> dict[str, Any]:
     import torch  # noqa: F401  # reason: mapped before the cap (see _address_space)
 
-    with _address_space(request.memory):
-        return _validate(request)
+    with _address_space(memory):
+        from omegaconf import OmegaConf, open_dict  # reason: Hydra, in the child
 
-
-def _validate(request: SchemaRequest) -> dict[str, Any]:
-    from omegaconf import OmegaConf, open_dict  # reason: Hydra, in the child
-
-    if request.model_file:
-        cfg = _packaged()
-        with open_dict(cfg):
-            cfg["model"] = OmegaConf.create(request.tree)
-    else:
-        cfg = OmegaConf.create(request.tree)
-    errors, unset, members = _errors(cfg)
-    preset = _errors(_packaged([f"model={request.preset}"]))[0] if request.preset else []
-    return SchemaReply(
-        errors=errors,
-        unset=unset,
-        members=members,
-        preset=preset,
-        version=metadata.version("anemoi-training"),
-    ).to_json()
+        if request.model_file:
+            cfg = _packaged()
+            with open_dict(cfg):
+                cfg["model"] = OmegaConf.create(request.tree)
+        else:
+            cfg = OmegaConf.create(request.tree)
+        errors, unset, members = _errors(cfg)
+        preset = _errors(_packaged([f"model={request.preset}"]))[0] if request.preset else []
+        return SchemaReply(
+            errors=errors,
+            unset=unset,
+            members=members,
+            preset=preset,
+            version=metadata.version("anemoi-training"),
+        ).to_json()
 
 
 # ---- the schema and the entries in one child -----------------------------------------------------
@@ -277,10 +264,7 @@ def check(payload: Mapping[str, Any]) -> dict[str, Any]:
     request = ConfigCheckRequest.from_json(payload)
     schema: SchemaReply | None = None
     if request.schema is not None:
-        import torch  # noqa: F401  # reason: mapped before the cap (see _address_space)
-
-        with _address_space(request.schema_memory):
-            schema = SchemaReply.from_json(_validate(request.schema))
+        schema = SchemaReply.from_json(_validate(request.schema, request.schema_memory))
     entries = check_entries([e.to_json() for e in request.entries])
     replies = tuple(EntryCheckReply.from_json(e) for e in entries)
     return ConfigCheckReply(schema=schema, entries=replies).to_json()
@@ -288,11 +272,8 @@ def check(payload: Mapping[str, Any]) -> dict[str, Any]:
 
 @contextlib.contextmanager
 def _address_space(budget: int) -> Iterator[None]:
-    """While the block runs, this process may map at most ``budget`` bytes more than it has mapped
-    now (0: no cap): the one rule of the children's memory caps (docs/anemoi.md). A YAML alias
-    bomb or a runaway schema ends as a MemoryError here, not as the node's; torch is imported before
-    it, since a CUDA/ROCm build maps GBs of libraries (untouched) that no budget should count. The
-    soft limit only, so it is lifted again after the block."""
+    """While the block runs, this process may map at most ``budget`` bytes more than now (0: no
+    cap; docs/anemoi.md); import torch before it (a CUDA build maps GBs no budget should count)."""
     if not budget:
         yield
         return

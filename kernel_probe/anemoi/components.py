@@ -1,22 +1,11 @@
-"""check-config's findings on the slots a component sets beside its blocks (``COMPONENT_SLOTS``),
-judged as anemoi-models 0.19 does (in its words where it raises) and against the lock; and export.
-
-- ``attention_implementation`` (the Attention slot; the processor of a transformer model, a
-  TransformerMapper's encoder and decoder). anemoi's flash wrapper imports flash-attn v4, then v3,
-  then v2: v4 silently gets no dropout_p, softcap or alibi slopes, v3 no dropout_p and raises on
-  alibi; its SDPA path raises on softcap and alibi.
-- ``graph_attention_backend`` (the lock's ``[graph-attention]``; every GraphTransformer component:
-  a mapping whose ``_target_`` is one of ``GT_TARGETS``, or that sets the key). ``triton | pyg``,
-  default ``triton``, which anemoi runs as ``pyg`` (and only logs it) without a GPU or triton.
-- ``mlp_implementation`` (the GatedMLP slot; the processor, each mapper). anemoi builds
-  ``GatedMLPLayer`` with a hard-coded gate (``kernel_lock.slots.gated_mlp``) for glu, swiglu, geglu
-  and reglu, a Linear plus the Activation slot for ``mlp``: a component that trains another gate
-  than the lock checked trains a layer nothing checked.
-"""
+"""check-config's findings and export's settings for the slots a component sets beside its blocks,
+judged as anemoi-models 0.19 does (in its words where it raises) and against the lock:
+``attention_implementation`` (Attention), ``graph_attention_backend`` (the lock's
+``[graph-attention]``; every GraphTransformer component) and ``mlp_implementation`` (GatedMLP)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from kernel_lock.anemoi import attention_export
@@ -100,7 +89,20 @@ def _attention(
 ) -> list[Finding]:
     impl = comp.get("attention_implementation")
     key = f"{where}.attention_implementation"
-    out = _against_locked_attention(where, comp, locked) if locked is not None else []
+    out = []
+    target, kwargs = locked if locked is not None else ("", {})
+    want = ANEMOI_ATTENTION.get(target)
+    if want is not None and impl != want:
+        problem = f"the lock's Attention slot is {target} ({want}); the config runs {impl}"
+        fix = f"set attention_implementation: {want} (`kernel-probe export` emits it)"
+        out.append(Finding("error", "lock", key, problem, fix))
+    window = comp.get("window_size")
+    if _literal(window) and want is not None:
+        locked_window = int(kwargs.get("window", -1))
+        if (-1 if window is None else int(window)) != locked_window:
+            problem = f"window_size {window!r} here, but the lock checked window {locked_window}"
+            fix = "probe with --attention ...:window=W for the model's window, or set the lock's"
+            out.append(Finding("error", "lock", f"{where}.window_size", problem, fix))
     values = {o: _set(comp, o) for o in ("dropout_p", "softcap", "use_alibi_slopes")}
     alibi = values["use_alibi_slopes"]
     if impl == "scaled_dot_product_attention":
@@ -140,34 +142,11 @@ def _attention(
     return out
 
 
-def _against_locked_attention(
-    where: str, comp: Mapping[str, Any], locked: tuple[str, dict[str, Any]]
-) -> list[Finding]:
-    impl = comp.get("attention_implementation")
-    target, kwargs = locked
-    want = ANEMOI_ATTENTION.get(target)
-    out = []
-    if want is not None and impl != want:
-        problem = f"the lock's Attention slot is {target} ({want}); the config runs {impl}"
-        fix = f"set attention_implementation: {want} (`kernel-probe export` emits it)"
-        out.append(Finding("error", "lock", f"{where}.attention_implementation", problem, fix))
-    window = comp.get("window_size")
-    if _literal(window) and want is not None:
-        locked_window = int(kwargs.get("window", -1))
-        if (-1 if window is None else int(window)) != locked_window:
-            problem = f"window_size {window!r} here, but the lock checked window {locked_window}"
-            fix = "probe with --attention ...:window=W for the model's window, or set the lock's"
-            out.append(Finding("error", "lock", f"{where}.window_size", problem, fix))
-    return out
-
-
 def attention_overlay(
     tree: Any, lock: KernelLock, mode: str | None = None
 ) -> tuple[dict[str, dict[str, Any]], list[tuple[str, str]]]:
-    """``export --config``'s attention: per component with attention (its path in ``tree``), the
-    lock's ``attention_implementation``; notes. The model's own options (``window_size``,
-    ``softcap``, ...) are never written: a component whose option the lock did not check is noted
-    (``check-config --lock`` refuses it) and left as the config has it."""
+    """``export --config``'s attention: per component path, the lock's ``attention_implementation``;
+    notes. The model's own options (``window_size``, ...) are never written, only noted."""
     exported = attention_export(lock, mode)
     if exported is None:
         return {}, []
@@ -181,23 +160,16 @@ def attention_overlay(
         out[where] = {"attention_implementation": options["attention_implementation"]}
         if note:
             notes.append((f"{where}.attention_implementation", note))
-        window = comp.get("window_size")
-        if _literal(window) and (-1 if window is None else int(window)) != options.get(
-            "window_size", -1
-        ):
-            notes.append(
-                (
-                    f"{where}.window_size",
-                    f"left at {window!r}: the lock checked window {options.get('window_size', -1)}"
-                    "; probe with the model's window (--attention ...:window=W)",
-                )
-            )
+        window, checked = comp.get("window_size"), options.get("window_size", -1)
+        if _literal(window) and (-1 if window is None else int(window)) != checked:
+            said = f"left at {window!r}: the lock checked window {checked}; probe with the model's "
+            notes.append((f"{where}.window_size", said + "window (--attention ...:window=W)"))
     return out, notes
 
 
 # ---- graph attention -----------------------------------------------------------------------------
 def graph_components(tree: Any, where: str = "") -> Iterator[tuple[str, Mapping[str, Any]]]:
-    """Every GraphTransformer component of ``tree`` (module docstring), with its dotted path."""
+    """Every GraphTransformer component of ``tree`` (``GT_TARGETS``, or setting the key)."""
     return mappings_where(
         tree, lambda tree: tree.get("_target_") in GT_TARGETS or ANEMOI_KEY in tree, where
     )
@@ -216,7 +188,7 @@ def graph_findings(
     out: list[Finding] = []
     for where, comp in graph_components(tree):
         value = comp.get(ANEMOI_KEY, DEFAULT_BACKEND)
-        if isinstance(value, str) and "${" in value:
+        if not _literal(value):
             continue
         value = str(value)
         key = f"{where}.{ANEMOI_KEY}"
@@ -285,7 +257,7 @@ def gated_findings(tree: Any, lock: KernelLock | None) -> list[Finding]:
     for where, comp in gated_components(tree):
         value = comp.get(CONFIG_KEY)
         key = f"{where}.{CONFIG_KEY}" if where else CONFIG_KEY
-        if isinstance(value, str) and "${" in value:
+        if not _literal(value):
             continue  # an interpolation: judged where it points
         if value not in MLP_IMPLEMENTATIONS:
             valid = "('" + "', '".join(GATED) + "')"
@@ -308,12 +280,3 @@ def gated_findings(tree: Any, lock: KernelLock | None) -> list[Finding]:
             fix = f"probe with --mlp-implementation {value}"
             out.append(Finding("warning", "lock", key, problem, fix))
     return out
-
-
-# the config key a component sets -> the lock's slot (or table) it stands for, and its findings
-ComponentFindings = Callable[[Any, KernelLock | None, str | None], list[Finding]]
-COMPONENT_SLOTS: dict[str, tuple[str, ComponentFindings]] = {
-    "attention_implementation": ("Attention", attention_findings),
-    ANEMOI_KEY: (TABLE, lambda tree, lock, mode: graph_findings(tree, lock)),
-    CONFIG_KEY: ("GatedMLP", lambda tree, lock, mode: gated_findings(tree, lock)),
-}

@@ -1,12 +1,6 @@
-"""One anemoi config file as read (no composition): its shape, its ``layer_kernels`` blocks, and
-:class:`Finding`, what every check of a config reports.
-
-Three shapes (``SHAPES``, told apart by :func:`classify`): a model file (the file *is* the model
-node; ``${model.x}`` means its own ``x``, a reference outside it is left unjudged), a full config
-(a reference to nothing is an error), and an overlay (composed by Hydra: ``anemoi.reading``).
-Every ``layer_kernels`` key under the model node is a block; one that is ``${...}`` of another
-inherits it.
-"""
+"""One anemoi config file as read (no composition): its shape (``SHAPES``, :func:`classify`), its
+``layer_kernels`` blocks (one that is ``${...}`` of another inherits it), and :class:`Finding`,
+what every check of a config reports."""
 
 from __future__ import annotations
 
@@ -99,12 +93,11 @@ def expanded_size(data: Any, limit: int = MAX_NODES) -> int:
             raise RecursionError
         if id(node) in memo:
             return memo[id(node)]
-        if isinstance(node, Mapping):
-            n = 1 + sum(size(v, depth + 1) for v in node.values())
-        elif isinstance(node, list):
-            n = 1 + sum(size(v, depth + 1) for v in node)
-        else:
+        if not isinstance(node, (Mapping, list)):
             return 1
+        n = 1 + sum(
+            size(v, depth + 1) for v in (node.values() if isinstance(node, Mapping) else node)
+        )
         memo[id(node)] = n = min(n, limit + 1)
         return n
 
@@ -192,9 +185,7 @@ def classify(root: Mapping[str, Any], path: Path | None = None) -> Kind:
     file_signals = ["it sits in a model/ directory"] if in_model_dir else []
     if model_class:
         file_signals.append(
-            "its `model:` key is a class "
-            f"({model.get('_target_') if isinstance(model, Mapping) else ''}), as a model file's "
-            "is"
+            f"its `model:` key is a class ({root['model']['_target_']}), as a model file's is"
         )
     if node_at_root:
         file_signals.append(f"model-node keys at its root ({', '.join(node_at_root)})")
@@ -212,11 +203,6 @@ def classify(root: Mapping[str, Any], path: Path | None = None) -> Kind:
     if full_signals:
         return Kind("full", fulls)
     return Kind("model-file", "no `model:` node: the file is read as the model node itself")
-
-
-def detect_shape(root: Mapping[str, Any], path: Path | None = None) -> str:
-    """``overlay``, ``full`` or ``model-file`` (see ``SHAPES`` and :func:`classify`)."""
-    return classify(root, path).shape
 
 
 # ---- walking the tree ----------------------------------------------------------------------------
@@ -238,17 +224,19 @@ def mappings_where(
             yield from mappings_where(value, wanted, f"{where}[{i}]")
 
 
+def walk(node: Any, path: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...], Any]]:
+    """(path, value) of ``node`` and of every value under it, depth first; a ``layer_kernels``
+    block is yielded but not entered."""
+    yield path, node
+    if path[-1:] == ("layer_kernels",) or not isinstance(node, (Mapping, list)):
+        return
+    for key, value in node.items() if isinstance(node, Mapping) else enumerate(node):
+        yield from walk(value, (*path, str(key)))
+
+
 def layer_kernels_paths(node: Any, path: tuple[str, ...] = ()) -> Iterator[tuple[str, ...]]:
     """Every path to a ``layer_kernels`` key under ``node``, depth first."""
-    if isinstance(node, Mapping):
-        for key, value in node.items():
-            if key == "layer_kernels":
-                yield (*path, str(key))
-            else:
-                yield from layer_kernels_paths(value, (*path, str(key)))
-    elif isinstance(node, list):
-        for i, value in enumerate(node):
-            yield from layer_kernels_paths(value, (*path, str(i)))
+    return (p for p, _ in walk(node, path) if p[len(path) :][-1:] == ("layer_kernels",))
 
 
 def value_at(node: Any, path: Sequence[str]) -> Any:
@@ -321,8 +309,7 @@ def add_blocks(
 
 class _Resolver:
     """Whole-value ``${a.b.c}`` references, followed within one file. ``model_is_root``: a model
-    file (``${model.x}`` is its own ``x``); ``complete``: a reference to nothing is an error (else
-    it points outside this file and is left unjudged)."""
+    file (``${model.x}`` is its own ``x``); ``complete``: a reference to nothing is an error."""
 
     BUDGET = 100_000  # values produced while following references: a ${...} fan-out stops here
 
@@ -390,15 +377,11 @@ def find_blocks(root: Mapping[str, Any], shape: str | None = None) -> Config:
     model_is_root = shape == "model-file"
     model = root if model_is_root else root.get("model")
     r = _Resolver(root, model_is_root=model_is_root, complete=shape == "full")
-    add_blocks(
-        config,
-        {} if model is None else model,
-        lambda where, value: add_block(
-            config,
-            where,
-            r.resolve(value, where, config.findings),
-            source=value if isinstance(value, str) else "",
-        ),
-        "no layer_kernels block found anywhere under the model node: anemoi uses its defaults",
-    )
+
+    def add(where: str, value: Any) -> None:
+        source = value if isinstance(value, str) else ""
+        add_block(config, where, r.resolve(value, where, config.findings), source=source)
+
+    none = "no layer_kernels block found anywhere under the model node: anemoi uses its defaults"
+    add_blocks(config, {} if model is None else model, add, none)
     return config

@@ -1,8 +1,6 @@
 """Checks of one ``layer_kernels`` entry against anemoi: the key, the import, the signature, the
-semantics, and the entry built and run as anemoi builds it (``ENTRY_SLOTS``: what each key means).
-:func:`check_entry` imports the target (and torch), so it runs in a child (:func:`judge_entries`)
-that a library crashing on import cannot take the checker with; anemoi's call convention is
-``kernel_lock.anemoi``'s."""
+semantics, and the entry built and run as anemoi builds it; imports the target,
+so it runs in a child (:func:`judge_entries`)."""
 
 from __future__ import annotations
 
@@ -11,7 +9,6 @@ import inspect
 import json
 import warnings
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from kernel_lock import anemoi
@@ -32,37 +29,38 @@ Problem = tuple[str, str, str, str]  # (severity, kind, problem, fix)
 
 
 # ---- per key: what the class must be, and what the built module must compute --------------------
-def _norm_class(key: str, target: str, cls: Any, family: str | None, allow: bool) -> Problem | None:
-    problem = (
-        f"semantics change: {target} is an RMSNorm under the {key} key: it does not subtract the "
-        "mean and has no bias, so the model computes something else and its state dict changes"
-    )
-    severity = "warning" if allow else "error"
-    return (severity, "semantics", problem, LAYER_NORM_FIX) if family == "rms_norm" else None
+def _class_problem(
+    key: str, target: str, cls: Any, family: str | None, allow: bool
+) -> Problem | None:
+    if key in NORM_KEYS and family == "rms_norm":
+        problem = (
+            f"semantics change: {target} is an RMSNorm under the {key} key: it does not subtract "
+            "the mean and has no bias, so the model computes something else and its state dict "
+            "changes"
+        )
+        return ("warning" if allow else "error", "semantics", problem, LAYER_NORM_FIX)
+    if key == "Linear" and family is not None:
+        problem = f"semantics change: {target} is a norm ({family}) under the Linear key"
+        return ("error", "semantics", problem, "")
+    if key == "Activation" and anemoi.glu_refused(getattr(cls, "__name__", "")):
+        problem = (
+            f"{target} is a GLU-family activation: anemoi-models raises ValueError: "
+            f"{anemoi.GLU_REFUSAL}"
+        )
+        fix = (
+            "set the component's mlp_implementation (glu, swiglu, geglu or reglu) and keep an "
+            "elementwise class such as torch.nn.GELU under layer_kernels.Activation"
+        )
+        return ("error", "semantics", problem, fix)
+    return None
 
 
-def _linear_class(key: str, target: str, cls: Any, family: str | None, _: bool) -> Problem | None:
-    problem = f"semantics change: {target} is a norm ({family}) under the Linear key"
-    return None if family is None else ("error", "semantics", problem, "")
-
-
-def _activation_class(key: str, target: str, cls: Any, *_: Any) -> Problem | None:
-    problem = (
-        f"{target} is a GLU-family activation: anemoi-models raises ValueError: "
-        f"{anemoi.GLU_REFUSAL}"
-    )
-    fix = (
-        "set the component's mlp_implementation (glu, swiglu, geglu or reglu) and keep an "
-        "elementwise class such as torch.nn.GELU under layer_kernels.Activation"
-    )
-    glu = anemoi.glu_refused(getattr(cls, "__name__", ""))
-    return ("error", "semantics", problem, fix) if glu else None
-
-
-def _norm_outputs(module: Any, x: Any, call: str, family: str | None, *out: Any) -> Problem | None:
+def _norm_outputs(
+    module: Any, x: Any, call: str, family: str | None, scaled: Any, shifted: Any
+) -> Problem | None:
     import torch  # reason: the child's; the parent never imports torch for a config
 
-    name, (scaled, shifted) = type(module).__name__, out
+    name = type(module).__name__
     with torch.no_grad():
         base = module(x)
     if not torch.allclose(scaled, base, rtol=1e-3, atol=1e-3):
@@ -80,7 +78,7 @@ def _norm_outputs(module: Any, x: Any, call: str, family: str | None, *out: Any)
     return None
 
 
-def _linear_outputs(module: Any, x: Any, call: str, *_: Any) -> Problem | None:
+def _linear_outputs(module: Any, x: Any, call: str) -> Problem | None:
     import torch  # reason: as in _norm_outputs
 
     with torch.no_grad():
@@ -90,28 +88,6 @@ def _linear_outputs(module: Any, x: Any, call: str, *_: Any) -> Problem | None:
         return None
     problem = f"anemoi's {call} is not affine in its input: {type(module).__name__} is not a Linear"
     return ("error", "semantics", problem, "use a Linear implementation")
-
-
-@dataclass(frozen=True)
-class EntrySlot:
-    """What an entry under one key must be: the lock's slot, the input's width where anemoi's call
-    passes no size, the rule on the class (``on_class``: key, target, class, family, change allowed)
-    and on the outputs (``on_outputs``: module, input, call, family, at 4x and at +5)."""
-
-    slot: str
-    width: int
-    on_class: Callable[[str, str, Any, str | None, bool], Problem | None]
-    on_outputs: Callable[..., Problem | None] = lambda *_: None
-
-
-NORM = EntrySlot("LayerNorm", 64, _norm_class, _norm_outputs)
-ENTRY_SLOTS = {  # layer_kernels key -> its slot and checks
-    "LayerNorm": NORM,
-    "QueryNorm": NORM,
-    "KeyNorm": NORM,
-    "Linear": EntrySlot("Linear", 64, _linear_class, _linear_outputs),
-    "Activation": EntrySlot("Activation", 16, _activation_class),
-}
 
 
 # ---- the entry -----------------------------------------------------------------------------------
@@ -192,24 +168,16 @@ def check_entry(
     kwargs = {k: v for k, v in entry.items() if not (isinstance(k, str) and k.startswith("_"))}
     dims = [k for k in kwargs if k in DIMENSIONS[key]]
     for d in dims:
-        add(
-            "warning",
-            "dimension",
-            f"{d!r} is pinned here, but anemoi passes the size at the call site: a keyword call "
-            f"overrides it and a positional call {CALLS[key][0][0]} fails with 'multiple values'",
-            f"remove {d!r}",
-        )
+        problem = f"{d!r} is pinned here, but anemoi passes the size at the call site: a keyword "
+        problem += f"call overrides it and a positional call {CALLS[key][0][0]} fails with "
+        add("warning", "dimension", problem + "'multiple values'", f"remove {d!r}")
     try:
         cls = anemoi.locate(target)
     except (Exception, SystemExit) as exc:  # ImportError, or whatever a module raises on import
-        add(
-            "error",
-            "import",
-            f"{target!r} does not import here: importing {target.rpartition('.')[0]!r} raised "
-            f"{type(exc).__name__}: {exc}",
-            "install the library that provides it, or fix the dotted path (anemoi would raise an "
-            "empty InstantiationException and log the reason at INFO level)",
-        )
+        problem = f"{target!r} does not import here: importing {target.rpartition('.')[0]!r} "
+        fix = "install the library that provides it, or fix the dotted path (anemoi would raise "
+        fix += "an empty InstantiationException and log the reason at INFO level)"
+        add("error", "import", f"{problem}raised {type(exc).__name__}: {exc}", fix)
         return findings, facts
     facts["imported"] = True
     import torch  # reason: as in _norm_outputs
@@ -224,16 +192,12 @@ def check_entry(
     built = {k: v for k, v in kwargs.items() if k not in dims}  # a pinned size: dimension's
     for problem in convention_problems(cls, key, built):
         adapter = adapter_for(target)
-        add(
-            "error",
-            "signature",
-            f"{target} does not fit anemoi's call convention: {problem}",
-            f"use `_target_: {adapter}` (same class and state dict, anemoi's signature)"
-            if adapter
-            else "use a class whose constructor takes anemoi's arguments, or a thin subclass "
-            "adapting it",
-        )
-    if p := ENTRY_SLOTS[key].on_class(key, target, cls, family, allow_semantics_change):
+        fix = f"use `_target_: {adapter}` (same class and state dict, anemoi's signature)"
+        if not adapter:
+            fix = "use a class whose constructor takes anemoi's arguments, or a thin subclass "
+            fix += "adapting it"
+        add("error", "signature", f"{target} does not fit anemoi's call convention: {problem}", fix)
+    if p := _class_problem(key, target, cls, family, allow_semantics_change):
         add(*p)
     stopped = ("signature", "semantics", "entry")
     if not any(f.severity == "error" and f.kind in stopped for f in findings):
@@ -247,8 +211,7 @@ def built_problems(
     key: str, cls: Any, kwargs: Mapping[str, Any], family: str | None = None
 ) -> list[Problem]:
     """The entry built at each of anemoi's call sites (``CALLS``) as Hydra's partial passes its
-    kwargs, then run forward and backward on a small input: a value of the wrong type, a missing
-    device, a keyword a base refuses, a class computing something else."""
+    kwargs, then run forward and backward on a small input."""
     import torch  # reason: as in _norm_outputs
 
     problems = _value_problems(kwargs)
@@ -293,7 +256,12 @@ def _value_problems(kwargs: Mapping[str, Any]) -> list[Problem]:
         problem = f"device {device!r} is not a torch device: {_first(exc)}"
         out.append(("error", "value", problem, "remove `device`"))
     else:
-        if dev is not None and dev.type != "cpu" and not _device_present(dev):
+        try:  # how many such devices this machine has (0: none, or its backend is not available)
+            module = getattr(torch, dev.type, None) if dev is not None else None
+            count = int(module.device_count()) if module and module.is_available() else 0
+        except Exception:
+            count = 0
+        if dev is not None and dev.type != "cpu" and count <= (dev.index or 0):
             no_cuda = dev.type == "cuda" and not torch.cuda.is_available()
             problem = (
                 f"device {device!r}: this machine has no {dev.type} device, so anemoi fails "
@@ -314,26 +282,14 @@ def _value_problems(kwargs: Mapping[str, Any]) -> list[Problem]:
     return out
 
 
-def _device_present(dev: Any) -> bool:
-    import torch  # reason: as in _norm_outputs
-
-    module = getattr(torch, dev.type, None)
-    try:
-        count = int(module.device_count()) if module is not None and module.is_available() else 0
-    except Exception:
-        return False
-    return count > (dev.index or 0)
-
-
 def _computes(
     key: str, module: Any, args: Sequence[Any], call: str, family: str | None
 ) -> Problem | None:
     """The built module run forward and backward on a small input: its output's shape, then the
-    key's own rule on what it computes (``ENTRY_SLOTS``)."""
+    key's own rule on what it computes (a norm normalises, a Linear is affine)."""
     import torch  # reason: as in _norm_outputs
 
-    slot = ENTRY_SLOTS[key]
-    width = int(args[0]) if args else slot.width
+    width = int(args[0]) if args else (16 if key == "Activation" else 64)  # no size passed
     out = int(args[1]) if len(args) > 1 else width
     device = next((p.device for p in module.parameters()), torch.device("cpu"))
     gen = torch.Generator().manual_seed(0)
@@ -352,26 +308,20 @@ def _computes(
         # a value of the wrong type is the config's; anything else (no GPU driver for a GPU kernel)
         # is this machine's, and says nothing of what the entry computes where it runs
         config = isinstance(exc, (TypeError, ValueError))
-        return (
-            "error" if config else "warning",
-            "build",
-            f"anemoi's {call} builds, but its forward and backward on a {ROWS}x{width} float32 "
-            "input fail"
-            + ("" if config else " on this machine")
-            + f": {type(exc).__name__}: {_first(exc)}",
-            _fix(exc) if config else "check it on the machine it will run on",
-        )
+        problem = f"anemoi's {call} builds, but its forward and backward on a {ROWS}x{width} "
+        problem += "float32 input fail" + ("" if config else " on this machine")
+        fix = _fix(exc) if config else "check it on the machine it will run on"
+        problem += f": {type(exc).__name__}: {_first(exc)}"
+        return ("error" if config else "warning", "build", problem, fix)
     if not isinstance(y, torch.Tensor) or tuple(y.shape) != (ROWS, out):
         shape = tuple(y.shape) if isinstance(y, torch.Tensor) else type(y).__name__
-        return (
-            "error",
-            "semantics",
-            f"anemoi's {call} returns {shape} for a ({ROWS}, {width}) input, where {key} returns "
-            f"({ROWS}, {out}): {type(module).__name__} computes something else, and anemoi fails "
-            "at the first layer after it",
-            f"use a {key} implementation",
-        )
-    return slot.on_outputs(module, x, call, family, scaled, shifted)
+        problem = f"anemoi's {call} returns {shape} for a ({ROWS}, {width}) input, where {key} "
+        problem += f"returns ({ROWS}, {out}): {type(module).__name__} computes something else, and "
+        problem += "anemoi fails at the first layer after it"
+        return ("error", "semantics", problem, f"use a {key} implementation")
+    if key in NORM_KEYS:
+        return _norm_outputs(module, x, call, family, scaled, shifted)
+    return _linear_outputs(module, x, call) if key == "Linear" else None
 
 
 def _first(exc: BaseException) -> str:
@@ -446,12 +396,9 @@ def judge_entries(
             out.extend(EntryCheckReply.from_json(v) for v in one.value)
             continue
         target = r.entry.get("_target_") if isinstance(r.entry, Mapping) else None
+        fix = "run `kernel-probe env` to see which library is broken here"
         finding = Finding(
-            "error",
-            "import",
-            r.where,
-            f"importing {target!r} failed: {one.reason}",
-            "run `kernel-probe env` to see which library is broken here",
+            "error", "import", r.where, f"importing {target!r} failed: {one.reason}", fix
         )
         out.append(EntryCheckReply(findings=[finding.to_json()], facts=not_imported(target)))
     return out

@@ -1,25 +1,10 @@
-"""The sizes of an anemoi model's graph, from its training config's ``graph:`` section: how many
-nodes each node set has and how many edges each edge set, without building the graph (which needs
-the dataset, anemoi-utils' grid files and scikit-learn). Plain data and arithmetic: no torch.
-
-Node sets (anemoi-graphs 0.9.8's builders):
-
-- ``ReducedGaussianGridNodes`` ``grid:`` one of anemoi-graphs' grids, ``GRIDS`` (its schema's
-  list: o16 ... o1280, n320). An octahedral grid O``N`` has 4N(N + 9) points (O96 = 40,320, as in
-  anemoi-graphs' own ``hetero_data_graph.txt``, ``x=[40320, 2]``; O1280 = 6,599,680); the classic
-  N320 has 542,080 (ECMWF's grid description; shared/research/anemoi.md "grids").
-- ``TriNodes`` ``resolution: r``: the icosahedron refined r times, 10 * 4**r + 2 nodes (r5 =
-  10,242, r6 = 40,962).
-- ``AnemoiDatasetNodes``: the dataset's grid. Read from the dataset itself where it is a readable
-  zarr here (its ``latitudes`` array); else from the grid its name carries (anemoi's dataset names
-  do: ``aifs-ea-an-oper-0001-mars-o96-1979-2022-6h-v6``); else ``ASSUMED_DATA_GRID`` (AIFS's N320),
-  and a note says so.
-
-Edge sets: ``KNNEdges`` (k per target node: exact), ``MultiScaleEdges`` on ``TriNodes`` with
-``x_hops: 1`` (each level's icosahedral mesh, 60 * 4**l directed edges per level l: exact; 81,900
-at r5, as anemoi-graphs' document shows), ``CutOffEdges`` (an estimate: ``CUTOFF_EDGES``). Any
-other builder is refused, naming it.
-"""
+"""The sizes of an anemoi model's graph from its config's ``graph:`` section, without building it
+(plain arithmetic, no torch): node sets ``ReducedGaussianGridNodes`` (``GRIDS``: O``N`` has
+4N(N + 9) points, N320 542,080), ``TriNodes`` (10 * 4**r + 2) and ``AnemoiDatasetNodes`` (the
+dataset's zarr, else the grid its name names, else ``ASSUMED_DATA_GRID``, noted); edge sets
+``KNNEdges``, ``MultiScaleEdges`` on ``TriNodes`` with ``x_hops: 1`` (60 * 4**l per level) and
+``CutOffEdges`` (estimated: ``CUTOFF_EDGES``). Any other builder is refused, naming it
+(docs/anemoi.md)."""
 
 from __future__ import annotations
 
@@ -90,23 +75,16 @@ def dataset_name(dataset: Any) -> str:
     return dataset if isinstance(dataset, str) else ""
 
 
-def read_zarr_points(path: str) -> int | None:
-    """The grid points of an anemoi dataset (a zarr directory) here, from its ``latitudes`` array's
-    metadata (nothing else is read), or None where it is not a readable one."""
-    try:
-        meta = json.loads((Path(path) / "latitudes" / ".zarray").read_text())
-        return int(meta["shape"][0])
-    except (OSError, ValueError, KeyError, TypeError, IndexError):
-        return None
-
-
 def dataset_nodes(dataset: Any, where: str, notes: list[str]) -> int:
     """The data nodes of an ``AnemoiDatasetNodes`` builder: the dataset's grid (see the module)."""
     name = dataset_name(dataset)
-    points = read_zarr_points(name) if name else None
-    if points is not None:
+    try:  # its ``latitudes`` array's metadata, where the dataset is a readable zarr here
+        meta = json.loads((Path(name) / "latitudes" / ".zarray").read_text()) if name else {}
+        points = int(meta["shape"][0])
         notes.append(f"{where}: {points:,} nodes, read from the dataset {name}")
         return points
+    except (OSError, ValueError, KeyError, TypeError, IndexError):
+        pass
     found = [g for g in _GRID_IN_NAME.findall(Path(name).name.lower()) if g in GRIDS]
     if found:
         notes.append(f"{where}: the {found[-1].upper()} grid, named by the dataset {name!r}")
@@ -142,14 +120,6 @@ def node_count(name: str, spec: Mapping[str, Any], notes: list[str]) -> int:
     )
 
 
-def _levels(scale: Any, top: int) -> list[int]:
-    if scale is None:
-        return list(range(top + 1))
-    if isinstance(scale, int):
-        return list(range(scale + 1))
-    return [int(level) for level in scale]
-
-
 def edge_count(edge: Mapping[str, Any], graph: Mapping[str, Any], sizes: GraphSizes) -> int:
     """The edges of one entry of ``graph.edges`` (every builder's, summed)."""
     source, target = str(edge["source_name"]), str(edge["target_name"])
@@ -159,20 +129,24 @@ def edge_count(edge: Mapping[str, Any], graph: Mapping[str, Any], sizes: GraphSi
         kind = str(builder.get("_target_", "")).rsplit(".", 1)[-1]
         if kind == "KNNEdges":
             total += int(builder["num_nearest_neighbours"]) * sizes.nodes[target]
-        elif kind == "CutOffEdges" and builder.get("cutoff_factor") is not None:
-            n = CUTOFF_EDGES * float(builder["cutoff_factor"]) ** 2 * sizes.nodes[source]
-            total += round(n)
-            sizes.notes.append(f"{where}: ~{round(n):,} cut-off edges (estimated, see grids.py)")
-        elif kind == "CutOffEdges" and builder.get("cutoff_distance_km") is not None:
-            r = float(builder["cutoff_distance_km"]) / EARTH_RADIUS_KM
-            n = sizes.nodes[source] * sizes.nodes[target] * r * r / 4
+        elif kind == "CutOffEdges" and (
+            builder.get("cutoff_factor") is not None
+            or builder.get("cutoff_distance_km") is not None
+        ):
+            if builder.get("cutoff_factor") is not None:
+                n = CUTOFF_EDGES * float(builder["cutoff_factor"]) ** 2 * sizes.nodes[source]
+            else:
+                r = float(builder["cutoff_distance_km"]) / EARTH_RADIUS_KM
+                n = sizes.nodes[source] * sizes.nodes[target] * r * r / 4
             total += round(n)
             sizes.notes.append(f"{where}: ~{round(n):,} cut-off edges (estimated, see grids.py)")
         elif kind == "MultiScaleEdges" and int(builder.get("x_hops", 1)) == 1:
             nodes = graph["nodes"][source]["node_builder"]
             if source != target or not str(nodes.get("_target_", "")).endswith("TriNodes"):
                 raise _refuse(where, "MultiScaleEdges counted on TriNodes only", "use TriNodes")
-            levels = _levels(builder.get("scale_resolutions"), int(nodes["resolution"]))
+            scale = builder.get("scale_resolutions")
+            scale = int(nodes["resolution"]) if scale is None else scale
+            levels = range(scale + 1) if isinstance(scale, int) else map(int, scale)
             total += sum(60 * 4**level for level in levels)
         else:
             raise _refuse(

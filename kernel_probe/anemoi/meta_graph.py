@@ -1,16 +1,7 @@
-"""What building and running an anemoi model on the meta device needs (``anemoi.model``; imported
-in the child only: torch and anemoi-models).
-
-- anemoi-models' input normalisers read their statistics when built (``torch.nonzero``): they are
-  built on the CPU (:func:`interface`; they hold no swappable layer and forward does not run them).
-- Its graph providers keep the source and destination sizes in a small ``edge_inc`` buffer and read
-  them back (``.tolist()``): on the meta device that buffer is a :class:`KnownInts`, a meta tensor
-  that still knows its values (:func:`known_sizes`).
-- Two of its graph helpers read the edge index's values: ``build_graph_partition`` (each chunk's
-  edges, from the destinations' in-degrees) and ``_drop_unconnected_src_nodes`` (the sources a
-  chunk touches). :func:`install` wraps them: on a meta edge index each destination's in-degree is
-  taken as equal and every source as touched; any other tensor goes to anemoi's own function.
-"""
+"""What building and running an anemoi model on the meta device needs (imported in the child
+only): input normalisers built on the CPU (:func:`interface`), ``edge_inc`` buffers that keep
+their values (:class:`KnownInts`), and the two graph helpers that read the edge index's values
+wrapped for a meta edge index (:func:`install`: equal in-degrees, every source touched)."""
 
 from __future__ import annotations
 

@@ -1,31 +1,10 @@
 """The anemoi model a training config describes, built as anemoi-training builds it: the child-side
-builder behind the model spec ``anemoi:CONFIG``, and what a probe declares for it.
+builder behind the model spec ``anemoi:CONFIG`` (docs/model.md, docs/anemoi.md).
 
-``CONFIG`` is a YAML path (an overlay with a ``defaults:`` list, a model file, a complete config:
-composed as ``check-config`` reads it, ``kernel_probe.anemoi.reading``) or the name of a config
-anemoi-training ships (``ensemble_crps``; a model preset, ``transformer``, is composed with the one
-shipped config that selects it, else the packaged ``config``, with ``model=<name>``).
-:func:`build` composes it, fills the mandatory ``???`` values (the dataset, the output root) with
-placeholders, validates it with anemoi-training's ``BaseSchema`` (where ``config_validation`` is
-on, as training does; its errors refuse the build), and builds ``AnemoiModelInterface`` (encoders,
-processor and decoders through the config's ``layer_kernels``, by anemoi-models' own code) on the
-graph the config describes, sized by ``kernel_probe.anemoi.grids`` (O96 = 40,320 nodes, N320 =
-542,080, ...); the inputs are one training batch: ``(batch, multistep_input, ensemble, data
-nodes, input variables)``.
-
-The graph itself is not built (that needs the dataset, anemoi-utils' grid files and scikit-learn):
-its node coordinates, edge attributes and edge indices are tensors of the real sizes:
-uninitialised on the meta device (``with torch.device("meta")``: the trace, no memory at any
-size), seeded elsewhere (check-model on the CPU or a GPU: a synthetic graph with every edge index
-in range, and seeded inputs, a warning says so; ``_Values``). Two of anemoi-models' graph
-helpers read the graph's values (the in-degrees that split the edges into chunks, the sources a
-chunk touches); on the meta device they take each destination's in-degree as equal and every
-source as touched (``meta_graph``: chunk sizes are estimates there; any other tensor goes to
-anemoi's own code). The variables are the
-dataset's where it is readable here, else the config's forcings and diagnostics plus
-``ASSUMED_PROGNOSTIC`` (a warning says so). Where flash-attn is not importable here, a
-``flash_attention`` component is built with anemoi's ``scaled_dot_product_attention`` (the same
-attention; a warning says so).
+``CONFIG`` is a YAML path (composed as ``check-config`` reads it) or the name of a config or model
+preset anemoi-training ships. :func:`build` composes and validates it as training does, then builds
+``AnemoiModelInterface`` on a graph of the config's sizes (``grids``), not built: meta tensors, or
+seeded values off the meta device (``_Values``); the inputs are one training batch.
 """
 
 from __future__ import annotations
@@ -33,7 +12,6 @@ from __future__ import annotations
 import json
 import warnings
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -58,21 +36,22 @@ SEEDED_GRAPH = (
 def _where_to_compose(config: str) -> tuple[Path, str, list[str], Any]:
     """(config dir, config name, overrides, a model node to put in place or None) for ``config``."""
     packaged = packaged_dir()
-    path = Path(config)
+    path, root = Path(config), None
     if path.suffix in (".yaml", ".yml") or path.is_file():
         root = load_config(path)
-        kind = classify(root, path).shape
-        if kind == "overlay":
+        if classify(root, path).shape != "model-file":  # an overlay or a complete config
             return path.resolve().parent, path.stem, [], None
-        if kind == "model-file" and group_member(root, path):
+        if group_member(root, path):
             return path.resolve().parent.parent, "config", [f"model={path.stem}"], None
-        if kind == "full":
-            return path.resolve().parent, path.stem, [], None
-        if packaged is None:
-            raise _no_training(config)
-        return packaged, "config", [], root  # a model file alone: the packaged config around it
     if packaged is None:
-        raise _no_training(config)
+        raise InputFileError(
+            "anemoi-training is not installed here: its configs (and the presets a model file is "
+            "composed with) cannot be found",
+            path=config,
+            fix="pip install --no-deps anemoi-training (as .ci/anemoi-install does)",
+        )
+    if root is not None:
+        return packaged, "config", [], root  # a model file alone: the packaged config around it
     if (packaged / f"{config}.yaml").is_file():
         return packaged, config, [], None
     if (packaged / "model" / f"{config}.yaml").is_file():
@@ -88,9 +67,7 @@ def _where_to_compose(config: str) -> tuple[Path, str, list[str], Any]:
 
 
 def shipped_with(packaged: Path, preset: str) -> str:
-    """The packaged config a model preset is shipped with: the one config that selects it (``-
-    model: transformer_ens`` in ``ensemble_crps.yaml``: its data, graph and training), else
-    ``config`` (anemoi-training's default, which ``model=<preset>`` overrides)."""
+    """The one packaged config that selects a model preset (``- model: NAME``), else ``config``."""
     selecting = [
         path.stem
         for path in sorted(packaged.glob("*.yaml"))
@@ -102,18 +79,9 @@ def shipped_with(packaged: Path, preset: str) -> str:
     return selecting[0] if len(selecting) == 1 else "config"
 
 
-def _no_training(config: str) -> InputFileError:
-    return InputFileError(
-        "anemoi-training is not installed here: its configs (and the presets a model file is "
-        "composed with) cannot be found",
-        path=config,
-        fix="pip install --no-deps anemoi-training (as .ci/anemoi-install does)",
-    )
-
-
 def composed(config: str) -> Any:
-    """The training config ``config`` names, composed by Hydra as check-config composes it (in
-    this process: the caller is a child), as an OmegaConf DictConfig, interpolations unresolved."""
+    """The training config ``config`` names, composed in this process (a child) as check-config
+    composes it: an OmegaConf DictConfig, interpolations unresolved."""
     from omegaconf import OmegaConf, open_dict  # reason: Hydra, in the child
 
     from kernel_probe.anemoi import children  # reason: Hydra's composition, in the child
@@ -139,8 +107,8 @@ def composed(config: str) -> Any:
 
 
 def validated(cfg: Any, config: str) -> Any:
-    """``cfg`` as anemoi-training's trainer sees it: ``???`` filled with placeholders, resolved, and
-    through its ``BaseSchema`` where ``config_validation`` is on (errors refuse, naming them)."""
+    """``cfg`` as anemoi-training's trainer sees it: ``???`` filled, resolved, and through
+    ``BaseSchema`` where ``config_validation`` is on."""
     from omegaconf import OmegaConf  # reason: Hydra, in the child
 
     from kernel_probe.anemoi.children import _fill_missing, closest_members
@@ -174,24 +142,6 @@ def validated(cfg: Any, config: str) -> Any:
 
 
 # ---- sizes ---------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Inputs:
-    """One training batch's sizes."""
-
-    batch: int
-    steps: int
-    ensemble: int
-
-
-def batch_sizes(cfg: Any) -> Inputs:
-    """The training batch: ``dataloader.batch_size.training``, ``task.multistep_input``, and the
-    ensemble members per device of an ensemble training (else 1)."""
-    batch = int(cfg.dataloader.batch_size.training)
-    steps = int(cfg.task.get("multistep_input", 1)) if cfg.get("task") is not None else 1
-    ensemble = int(cfg.training.get("ensemble_size_per_device", 1) or 1)
-    return Inputs(batch, steps, ensemble)
-
-
 def variables(dataset: Mapping[str, Any], dataset_path: str) -> list[str]:
     """The dataset's variables where its metadata is readable here, else the config's forcings and
     diagnostics after ``ASSUMED_PROGNOSTIC`` (with a warning)."""
@@ -214,8 +164,7 @@ def variables(dataset: Mapping[str, Any], dataset_path: str) -> list[str]:
 
 
 def sdpa_where_no_flash(cfg: Any) -> None:
-    """Every ``flash_attention`` component built with anemoi's SDPA path where flash-attn does not
-    import here (a warning names each)."""
+    """Every ``flash_attention`` component set to anemoi's SDPA where flash-attn does not import."""
     from kernel_lock.trust import anemoi_flash_generation
 
     if anemoi_flash_generation() is not None:
@@ -233,10 +182,8 @@ def sdpa_where_no_flash(cfg: Any) -> None:
 
 # ---- the model -----------------------------------------------------------------------------------
 def _graph(cfg: Any, sizes: GraphSizes) -> Any:
-    """A ``HeteroData`` with the config's node and edge sets at their sizes: values unset on the
-    meta device, else seeded ones (:class:`_Values`)."""
-    import torch  # reason: torch in the child only
-    from torch_geometric.data import HeteroData  # type: ignore[import-untyped]
+    """A ``HeteroData`` with the config's node and edge sets at their sizes (:class:`_Values`)."""
+    from torch_geometric.data import HeteroData  # type: ignore[import-untyped]  # in the child
 
     g, values = HeteroData(), _Values()
     for name, n in sizes.nodes.items():
@@ -250,18 +197,14 @@ def _graph(cfg: Any, sizes: GraphSizes) -> Any:
         store.edge_index = values.edges(n, sizes.nodes[key[0]], sizes.nodes[key[1]])
         for attribute in edge.attributes:
             store[attribute] = values.normal(n, widths.get(str(attribute), 1))
-    if torch.empty(0).device.type != "meta":
+    if not values.meta:
         warnings.warn(SEEDED_GRAPH, stacklevel=2)
     return g
 
 
 class _Values:
-    """The graph's and the batch's values on the default device: uninitialised on the meta device
-    (tracing reads no value); elsewhere (check-model computes) seeded (``SEED``) values of the real
-    sizes: coordinates uniform over latitude and longitude, attributes uniform in [0.5, 1.5), edge
-    features and inputs standard normal, each edge set's sources drawn uniformly and its
-    destinations spread evenly (every destination the same in-degree, up to one): every index in
-    range. A synthetic graph (:data:`SEEDED_GRAPH`): the models compared see the same one."""
+    """The graph's and the batch's values: empty on the meta device, else seeded (``SEED``); edge
+    destinations spread evenly, so every index is in range (:data:`SEEDED_GRAPH`)."""
 
     def __init__(self) -> None:
         import torch  # reason: torch in the child only
@@ -294,8 +237,8 @@ class _Values:
 
 
 def build(config: str) -> tuple[Any, tuple[Any, ...], dict[str, Any]]:
-    """(``AnemoiModelInterface``, its forward's args, kwargs) for the training config ``config``
-    (the module docstring): call it under ``with torch.device("meta")``."""
+    """(``AnemoiModelInterface``, its forward's args, kwargs) for ``config``; call it under ``with
+    torch.device("meta")``."""
     import numpy as np  # reason: torch and anemoi in the child only
     import torch
     from anemoi.models.data_indices.collection import IndexCollection
@@ -349,23 +292,19 @@ def build(config: str) -> tuple[Any, tuple[Any, ...], dict[str, Any]]:
     meta_graph.known_sizes(model)
     attention_through_the_slot(model)
     model.to(device)
-    run = batch_sizes(cfg)
+    # (batch, multistep_input, ensemble members per device, grid, input variables)
+    run = int(cfg.dataloader.batch_size.training), int(cfg.task.multistep_input)
+    ensemble = int(cfg.training.get("ensemble_size_per_device", 1) or 1)
     batch, values = {}, _Values()
     for name, index in indices.items():
         inputs = len(index.data.input.full)  # type: ignore[attr-defined]
-        grid = sizes.nodes[name]
-        batch[name] = values.normal(run.batch, run.steps, run.ensemble, grid, inputs)
+        batch[name] = values.normal(*run, ensemble, sizes.nodes[name], inputs)
     return model, (batch,), forward_keywords(model.model, config)
 
 
 def attention_through_the_slot(model: Any) -> None:
-    """Each anemoi attention's backend (its SDPA or flash wrapper) called through the Attention
-    slot's module, ``kernel_lock.attention.SDPAttention``, with the attention's own window: the
-    trace then records the window (anemoi's SDPA path passes it as a boolean mask, which says no
-    window), so the probe checks and the lock pins it, and the export and check-config agree with
-    the config's ``window_size``. The same attention (query i sees key j iff |i - j| <=
-    window_size), no parameter, the same state dict. One with a softcap or alibi slopes is left as
-    anemoi built it."""
+    """Each anemoi attention (without softcap or alibi) run through the Attention slot's
+    ``SDPAttention`` with its own window, so the trace records the window."""
     import torch  # reason: torch and anemoi in the child only
     from anemoi.models.layers.attention import MultiHeadSelfAttention
 
@@ -393,8 +332,8 @@ def attention_through_the_slot(model: Any) -> None:
 
 
 def forward_keywords(inner: Any, config: str) -> dict[str, Any]:
-    """What the model's forward takes beside the batch: an ensemble model the forecast step (its
-    first, 0). A transport (diffusion) model's conditioned target and condition are refused."""
+    """What the model's forward takes beside the batch (an ensemble model: ``fcstep=0``); a
+    transport (diffusion) model is refused."""
     from anemoi.models.models.ens_encoder_processor_decoder import AnemoiEnsModelEncProcDec
     from anemoi.models.models.transport_encoder_processor_decoder import (
         AnemoiTransportModelEncProcDec,

@@ -1,7 +1,5 @@
-"""The two anemoi pipelines, as library functions (no printing). ``check_config``: every block of a
-config (composed as anemoi-training composes it) judged on this machine and against a lock.
-``export_for_config``: the overlay after whose merge each block holds exactly the lock's entries,
-anemoi's wrappers kept (``entry_for``)."""
+"""The two anemoi pipelines as library functions (no printing): :func:`check_config` and
+:func:`export_for_config`."""
 
 from __future__ import annotations
 
@@ -91,8 +89,9 @@ def check_config(
     run: SchemaRun | str = checks.schema_run(config) if schema else "not run: --no-schema"
     at_schema = len(findings)  # the schema's errors go here, once it has run with the entries
     findings.extend(checks.lost_wrappers(config))
-    for _, component_findings in components.COMPONENT_SLOTS.values():
-        findings.extend(component_findings(config.tree, lock, mode))
+    findings.extend(components.attention_findings(config.tree, lock, mode))
+    findings.extend(components.graph_findings(config.tree, lock))
+    findings.extend(components.gated_findings(config.tree, lock))
     findings.extend(checks.components_without_blocks(config, lock_given=lock is not None))
     expected: dict[str, Exported] = {}
     if lock is not None:
@@ -104,19 +103,21 @@ def check_config(
             findings.append(Finding("error", "lock", lock.path or "<lock>", problem, exc.fix or ""))
     own = [b for b in config.blocks if b.content is not None]
     facts: dict[str, dict[str, Any]] = {b.where: {} for b in own}
-    requests, asked = _requests(own, expected, trust, allow_semantics_change, findings, facts)
+    requests = _requests(own, expected, trust, allow_semantics_change, findings, facts)
     schema_status, schema_errors, results = _schema_and_entries(config, run, requests, timeout)
     findings[at_schema:at_schema] = schema_errors
-    for req, (block, report), res in zip(requests, asked, results, strict=True):
+    content = {b.where: b.content or {} for b in own}
+    for req, res in zip(requests, results, strict=True):
+        block = req.where[: -len(req.key) - 1]
         facts[block][req.key] = res.facts
-        if report:
+        if req.key in content[block]:  # not anemoi's default standing in for a key left out
             findings.extend(Finding(**f) for f in res.findings)
     for b in own:
         findings.extend(checks.merge_leftovers(b))
         if expected:
             findings.extend(checks.compare_with_lock(b, expected, facts[b.where]))
-    result = CheckResult(config, findings, expected, schema=schema_status)
-    result.torch_pin = torch_pin_notes()
+    pin = torch_pin_notes()
+    result = CheckResult(config, findings, expected, schema=schema_status, torch_pin=pin)
     if _shape is None and config.alternative:  # ambiguous: checked the other way too
         result.alternative = check_config(path, overrides, **options, _shape=config.alternative)
     return result
@@ -129,12 +130,10 @@ def _requests(
     allow_semantics_change: bool,
     findings: list[Finding],
     facts: dict[str, dict[str, Any]],
-) -> tuple[list[EntryCheckRequest], list[tuple[str, bool]]]:
-    """The entries to check in a child, and per request its block and whether its findings are
-    reported (not for anemoi's default standing in for a key the block leaves out). An entry that
-    may not be imported is reported here and compared with the lock by name only."""
+) -> list[EntryCheckRequest]:
+    """The entries to check in a child, with anemoi's default for each key the lock exports that a
+    block leaves out; an entry that may not be imported goes to ``findings`` instead."""
     requests: list[EntryCheckRequest] = []
-    asked: list[tuple[str, bool]] = []
     for b in own:
         for key, entry in b.content.items():
             where = f"{b.where}.{key}"
@@ -143,7 +142,11 @@ def _requests(
             if refusal is not None:
                 severity, problem, fix = refusal
                 kind = "trust"
-                if severity == "warning" and not _installed(str(target)):
+                try:  # found without importing anything
+                    found = find_spec(str(target).split(".")[0]) is not None
+                except (ImportError, ValueError):
+                    found = False
+                if severity == "warning" and not found:
                     kind, severity = "import", "error"  # said without importing anything
                     top = str(target).split(".")[0]
                     problem = f"{target!r} does not import here: No module named {top!r} (looked "
@@ -152,34 +155,21 @@ def _requests(
                 findings.append(Finding(severity, kind, where, problem, fix))
                 facts[b.where][key] = not_imported(target)
                 continue
+            allow = allow_semantics_change
             requests.append(
-                EntryCheckRequest(
-                    key=key, entry=entry, where=where, allow_semantics_change=allow_semantics_change
-                )
+                EntryCheckRequest(key=key, entry=entry, where=where, allow_semantics_change=allow)
             )
-            asked.append((b.where, True))
-        for key in expected:
-            if key not in b.content:
-                where = f"{b.where}.{key}"
-                requests.append(EntryCheckRequest(key=key, entry=ANEMOI_DEFAULTS[key], where=where))
-                asked.append((b.where, False))
-    return requests, asked
-
-
-def _installed(target: str) -> bool:
-    """Whether ``target``'s top-level package is installed, found without importing anything."""
-    try:
-        return find_spec(target.split(".")[0]) is not None
-    except (ImportError, ValueError):
-        return False
+        for key in (k for k in expected if k not in b.content):
+            where = f"{b.where}.{key}"
+            requests.append(EntryCheckRequest(key=key, entry=ANEMOI_DEFAULTS[key], where=where))
+    return requests
 
 
 def _schema_and_entries(
     config: Config, run: SchemaRun | str, requests: list[EntryCheckRequest], timeout: float
 ) -> tuple[str, list[Finding], list[EntryCheckReply]]:
-    """The schema (where ``run`` is one) and the entries' checks in one child (torch and anemoi
-    imported once): (the schema's status line, its findings, one reply per request). Where that
-    child fails, each part runs again in a child of its own, so the findings say which failed."""
+    """(schema status, its findings, one reply per request) from one child; where it fails, each
+    part runs again in a child of its own, so the findings say which failed."""
     reply: ConfigCheckReply | None = None
     if isinstance(run, SchemaRun) and requests:
         request = ConfigCheckRequest(
@@ -199,15 +189,13 @@ def _schema_and_entries(
 # ---- export for one config -----------------------------------------------------------------------
 @dataclass
 class ConfigExport:
-    """The overlay for one config: ``entries`` (name -> lock entry); per block path, key -> entry
-    name; notes (where, note); per GraphTransformer component (relative to the model node) its
-    backend; per component (as in the config's tree) the keys the lock sets there (GatedMLP's)."""
+    """The overlay for one config: entries by name, per block path its key -> entry name, notes,
+    and per component (its path in the config's tree) the keys the lock sets there."""
 
     config: Config
     entries: dict[str, dict[str, Any]] = field(default_factory=dict)
     blocks: dict[str, dict[str, str]] = field(default_factory=dict)
     notes: list[tuple[str, str]] = field(default_factory=list)
-    graph_attention: dict[str, str] = field(default_factory=dict)
     components: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def overlay(self) -> dict[str, Any]:
@@ -225,8 +213,6 @@ class ConfigExport:
             node(where.split(".")[1:-1])["layer_kernels"] = {
                 key: f"${{model.{ENTRIES_NODE}.{name}}}" for key, name in keys.items()
             }
-        for where, backend in self.graph_attention.items():
-            node(where.split("."))["graph_attention_backend"] = backend
         for where, keys in self.components.items():  # "model.processor" -> processor
             node(where.split(".")[0 if model_file else 1 :]).update(keys)
         return model if model_file else {"model": model}
@@ -266,13 +252,11 @@ def export_for_config(
             if note:
                 out.notes.append((where, note))
     model_file = config.shape == "model-file"
-    out.graph_attention = components.overlay_settings(config.tree, lock, model_file=model_file)
-    setting = components.export_setting(lock)
-    if setting is not None:
-        prefix = "" if model_file else "model."
-        out.notes.extend(
-            (f"{prefix}{w}.graph_attention_backend", setting[1]) for w in out.graph_attention
-        )
+    note = (components.export_setting(lock) or ("", ""))[1]
+    for w, backend in components.overlay_settings(config.tree, lock, model_file=model_file).items():
+        where = w if model_file else f"model.{w}"
+        out.components.setdefault(where, {})["graph_attention_backend"] = backend
+        out.notes.append((f"{where}.graph_attention_backend", note))
     attention, said = components.attention_overlay(config.tree, lock, mode)
     for where, keys in attention.items():
         out.components.setdefault(where, {}).update(keys)

@@ -1,11 +1,6 @@
-"""Reading an anemoi config as anemoi-training does, and what may be imported for it.
-
-An overlay, a preset extending another, or a config given Hydra overrides is composed as
-``anemoi-training train`` composes it (in a child: ``anemoi.children``); without Hydra or the
-presets, the file is judged alone and a finding says so. The entries' ``_target_`` and ``pkg://``
-search paths are imported under the lock's rules (``kernel_lock.trust``): a private or ``__main__``
-module never, one outside the allow-list, anemoi-models and the caller's trust not either.
-"""
+"""Reading an anemoi config as anemoi-training does (composed by Hydra in a child where that
+decides the model), and what may be imported for it (:class:`Trust`, ``kernel_lock.trust``'s
+rules)."""
 
 from __future__ import annotations
 
@@ -192,12 +187,8 @@ def _composed(config: Config, root: Mapping[str, Any], answer: ComposeReply) -> 
         )
 
     model = tree.get("model") if isinstance(tree, Mapping) else None
-    add_blocks(
-        config,
-        model,
-        add,
-        "the composed config has no layer_kernels block: anemoi uses its defaults",
-    )
+    none = "the composed config has no layer_kernels block: anemoi uses its defaults"
+    add_blocks(config, model, add, none)
 
 
 def _defaults_text(root: Mapping[str, Any]) -> str:
@@ -211,17 +202,12 @@ def _defaults_text(root: Mapping[str, Any]) -> str:
 
 
 def _not_composed(config: Config, root: Mapping[str, Any], why: str, fix: str) -> None:
-    config.findings.append(
-        Finding(
-            "warning",
-            "defaults",
-            "defaults",
-            f"the defaults list ({_defaults_text(root)}) was not followed: {why}. Only what this "
-            "file itself sets is checked; the presets' layer_kernels (anemoi's model for this run) "
-            "are not seen here",
-            fix,
-        )
+    problem = (
+        f"the defaults list ({_defaults_text(root)}) was not followed: {why}. Only what this file "
+        "itself sets is checked; the presets' layer_kernels (anemoi's model for this run) are not "
+        "seen here"
     )
+    config.findings.append(Finding("warning", "defaults", "defaults", problem, fix))
 
 
 _NOT_OVERRIDDEN = re.compile(r"Could not override '([^']+)'")
@@ -258,8 +244,11 @@ def _compose_failed(
     why: str,
     kind: str,
 ) -> None:
-    """The finding for a composition that did not happen: a warning where Hydra or the presets
-    are missing, an error where the config or a search path is refused."""
+    """The finding for a composition that did not happen: a warning where it was switched off or
+    Hydra or the presets are missing, an error where the config or a search path is refused."""
+    if kind == "off":
+        fix = "drop --no-compose to check the model anemoi-training will build"
+        return _not_composed(config, root, why, fix)
     if kind == "missing":
         fix = (
             "install hydra-core and anemoi-training (`pip install --no-deps anemoi-training`, as "
@@ -296,9 +285,7 @@ def read_config(
     shape: str | None = None,
 ) -> Config:
     """The blocks of the config at ``path``, composed as anemoi-training would where that decides
-    the model (an overlay, a preset extending another, or ``overrides``) and Hydra can run here: an
-    overlay from its own directory, a model file as ``config`` with ``model=<its name>`` from the
-    directory above its ``model/`` (as ``train --config-path DIR model=NAME``)."""
+    the model (an overlay, a preset extending another, or ``overrides``) and Hydra can run here."""
     p = Path(path)
     root = load_config(p)
     decided = classify(root, p)
@@ -315,23 +302,19 @@ def read_config(
         shape == "overlay" or bool(overrides) or (member and isinstance(root.get("defaults"), list))
     )
     as_root = {"model": root} if shape == "model-file" else root
-    if not (wants_composition and compose_overlays):
-        config = find_blocks(root, shape)
-        if wants_composition:
-            why = "composition was switched off (--no-compose)"
-            fix = "drop --no-compose to check the model anemoi-training will build"
-            _not_composed(config, root, why, fix)
-    else:
+    answer, why, kind = None, "composition was switched off (--no-compose)", "off"
+    if wants_composition and compose_overlays:
         if member:
             where, name, more = p.resolve().parent.parent, "config", [f"model={p.stem}"]
         else:
             where, name, more = p.parent, p.stem, []
         answer, why, kind = compose(where, name, [*more, *overrides], timeout, trust)
-        if answer is not None:
-            config = Config(shape=shape)
-            _composed(config, as_root, answer)
-        else:
-            config = find_blocks(root, shape)
+    if answer is not None:
+        config = Config(shape=shape)
+        _composed(config, as_root, answer)
+    else:
+        config = find_blocks(root, shape)
+        if wants_composition:
             _compose_failed(config, root, as_root, p, why, kind)
     config.path, config.overrides = str(p), list(overrides)
     if shape == decided.shape:

@@ -1,8 +1,5 @@
-"""anemoi's declared torch pin against the torch installed here: anemoi-models, anemoi-graphs and
-anemoi-training require ``torch<2.11``, and kernel-probe runs and tests them on a newer torch with
-that pin overridden (``.ci/anemoi-install``; docs/anemoi.md). Where that is so on this machine,
-``kernel-probe env`` and ``check-config`` say it in a note, never as an error. Metadata only: no
-anemoi import, no torch import."""
+"""anemoi's declared torch pin (``torch<2.11``) against the torch installed here, which kernel-probe
+overrides (docs/anemoi.md): a note for ``env`` and ``check-config``, never an error."""
 
 from __future__ import annotations
 
@@ -14,10 +11,8 @@ DOCS = "docs/anemoi.md#anemoi-and-torch-versions"
 
 
 def torch_pin_notes(torch_version: str | None = None) -> list[str]:
-    """The note, if the installed anemoi distributions' torch requirements do not accept
-    ``torch_version`` (None: the installed torch distribution's): each such distribution with its
-    requirement, in one sentence. [] when they all accept it, when none is installed, or when the
-    torch version is unknown."""
+    """The note, in one sentence, if an installed anemoi distribution's torch requirement does not
+    accept ``torch_version`` (None: the installed torch's); else []."""
     from packaging.requirements import InvalidRequirement, Requirement
     from packaging.version import InvalidVersion, Version
 

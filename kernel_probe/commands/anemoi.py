@@ -77,15 +77,7 @@ def run_export(args: argparse.Namespace) -> int:
 
 
 def _export_for_config(args: argparse.Namespace, lock: Any) -> int:
-    result = export_for_config(
-        lock,
-        args.config,
-        args.overrides,
-        mode=args.mode,
-        qk_norm=args.qk_norm,
-        compose=not args.no_compose,
-        trust=config_trust(args),
-    )
+    result = export_for_config(lock, args.config, args.overrides, **_config_options(args))
     if not args.json:
         sys.stdout.write(render_overlay(result, path=args.lock, mode=args.mode, digest=lock.digest))
         return 0
@@ -101,6 +93,12 @@ def _export_for_config(args: argparse.Namespace, lock: Any) -> int:
         }
     )
     return 0
+
+
+def _config_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The options ``export --config`` and ``check-config`` pass alike."""
+    compose = not args.no_compose
+    return dict(mode=args.mode, qk_norm=args.qk_norm, compose=compose, trust=config_trust(args))
 
 
 def _header(path: str, mode: str, digest: str) -> str:
@@ -256,13 +254,10 @@ def run_check_config(args: argparse.Namespace) -> int:
         args.config,
         args.overrides,
         lock=lock,
-        mode=args.mode,
-        qk_norm=args.qk_norm,
         allow_semantics_change=args.allow_semantics_change,
-        compose=not args.no_compose,
         timeout=args.timeout,
         schema=not args.no_schema,
-        trust=config_trust(args),
+        **_config_options(args),
     )
     alt = result.alternative
     if args.json:
@@ -326,16 +321,12 @@ def _failure(args: argparse.Namespace, result: Any, code: int) -> dict:
     if code == 0:
         return {"ok": True}
     errors = [f for f in result.findings if f.severity == "error"] or list(result.findings)
-    if not errors:
-        problem = "the config's layer_kernels blocks do not pass on this machine"
-        return output.failure(problem, code, kind="ConfigFindings", file=args.config)
-    first, more = errors[0], len(errors) - 1
-    problem = f"{first.where}: {first.problem}" + (
-        f" (and {more} more, under findings)" if more else ""
-    )
-    return output.failure(
-        problem, code, kind="ConfigFindings", file=args.config, key=first.where, fix=first.fix
-    )
+    problem, key, fix = "the config's layer_kernels blocks do not pass on this machine", None, None
+    if errors:
+        first, more = errors[0], len(errors) - 1
+        said = f" (and {more} more, under findings)" if more else ""
+        problem, key, fix = f"{first.where}: {first.problem}{said}", first.where, first.fix
+    return output.failure(problem, code, kind="ConfigFindings", file=args.config, key=key, fix=fix)
 
 
 STYLE = {"error": "bold red", "warning": "yellow", "note": "dim"}

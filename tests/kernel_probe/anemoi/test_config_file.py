@@ -12,7 +12,6 @@ from kernel_probe.anemoi import config as config_file
 from kernel_probe.anemoi.config import (
     Kind,
     classify,
-    detect_shape,
     expanded_size,
     group_member,
     load_config,
@@ -197,7 +196,7 @@ def test_classify(tmp_path, root, where, shape, why, alternative):
         path = tmp_path / where / "mine.yaml"
     kind = classify(root, path)
     assert (kind.shape, kind.alternative) == (shape, alternative) and why in kind.why, kind
-    assert detect_shape(root, path) == shape and kind.shape in config_file.SHAPES
+    assert classify(root, path).shape == shape and kind.shape in config_file.SHAPES
 
 
 def test_a_defaults_list_of_sibling_presets_is_a_model_file(tmp_path):
