@@ -1,11 +1,8 @@
-"""The check at the model's shapes, in the worker, as a norm or Linear is timed (``timing``).
-
-A kernel right at the checks' 37 rows can be wrong at the model's size (ROCm ``F.layer_norm`` past
-2^23 rows, pytorch #184826; int32 offsets past 2^31 elements; a grid's y dimension at 65535). So
-one more forward and backward runs at that shape, and sampled rows (``sample_rows``: both ends,
-each boundary reached, one per band) are compared with float64; grad_output is zero elsewhere, so
-the parameter gradients sum over them. torch.nn's error, the tolerance's basis, is measured on
-those rows alone; a wrong row is bisected down to the first. In full: docs/checks.md.
+"""The check at the model's shapes, in the worker, as a norm or Linear is timed (``timing``): one
+more forward and backward at that shape, sampled rows (``sample_rows``) compared with float64 and
+torch.nn on them alone (grad_output is zero elsewhere), a wrong row bisected down to the first.
+A kernel right at 37 rows can be wrong past 2^23 rows (pytorch #184826) or 2^31 elements
+(docs/checks.md).
 """
 
 from __future__ import annotations
@@ -225,18 +222,16 @@ def _first_bad(
 
 
 def _row_statistics(got: Any, ref: Any, scale: float, lim: Limits) -> list[Any]:
-    """Per row, per statistic (max, RMS, bias): is it over its tolerance?"""
+    """Per row, per statistic (max, RMS, bias: ``STATISTICS``' order): over its tolerance?"""
     per = measure.group_errors(got, ref, scale, rows=True)[:3]
     return [v > tol for v, tol in zip(per, (lim.max, lim.rms, lim.bias), strict=True)]
 
 
 def _row_statistic(got: Any, ref: Any, scale: float, lim: Limits, tensor: str) -> str:
     """What is over in a one-row ``got`` (``y bias``, ``y RMS error``), max first; "" if none."""
-    stats = _row_statistics(got, ref, scale, lim)
-    for name, over in zip(("max", "rms", "bias"), stats, strict=True):
-        if bool(over[0]):
-            return f"{tensor} {STATISTICS[name]}"
-    return ""
+    over = _row_statistics(got, ref, scale, lim)
+    pairs = zip(STATISTICS.values(), over, strict=True)
+    return next((f"{tensor} {said}" for said, o in pairs if o[0]), "")
 
 
 def _sampled_statistic(
@@ -250,14 +245,12 @@ def _sampled_statistic(
     if row not in sampled:
         return ""
     i = sampled.index(row)
-    for name in ROW_LOCAL:
-        g, r = got.get(name), ref_by.get(name)
-        if g is None or r is None:
-            continue
-        what = _row_statistic(g[i : i + 1], r[i : i + 1], r.abs().max().item(), lims[name], name)
-        if what:
-            return what
-    return ""
+    said = (
+        _row_statistic(g[i : i + 1], r[i : i + 1], r.abs().max().item(), lims[name], name)
+        for name in ROW_LOCAL
+        if (g := got.get(name)) is not None and (r := ref_by.get(name)) is not None
+    )
+    return next((s for s in said if s), "")
 
 
 def _row_wrong(setup: Setup, row: int, xy: tuple[Any, Any], scale: float, lim: Limits) -> str:

@@ -1,10 +1,7 @@
-"""The norms' and Linear's check, in the worker: raw measurements of one candidate on one device.
-
-Once, its layout (``layout``) and where its parameters start (``onetensor``). Then per (dtype,
-regime), beside torch.nn with the same parameters on ``onetensor.cases``: errors against float64
-forward and backward, flags, repeatability, the blocks a norm sits in (where its output dtype
-differs), the cases as training and inference use the kernel (``inuse``), the twin. What the
-slot's candidates share is made once per worker; no verdicts here.
+"""The norms' and Linear's check, in the worker: raw measurements of one candidate on one device
+(docs/checks.md). Its layout and initialisation once; per (dtype, regime), beside torch.nn with
+the same parameters: errors against float64, flags, repeatability, blocks, the cases as training
+and inference use it (``inuse``), the twin. What the slot's candidates share is made once.
 """
 
 from __future__ import annotations
@@ -145,12 +142,16 @@ def _fresh(bench: Bench) -> tuple[Any, Any]:
         torch.manual_seed(bench.seed + 1)
         fresh = measure.build(bench.cand, canonical32, bench.torch_device, torch.float32)
     except Exception as exc:
-        raise _Stopped(
-            phase="build",
-            error=f"{type(exc).__name__}: {exc}",
-            traceback=traceback.format_exc(limit=6)[-2000:],
-        ) from None
+        raise _Stopped(phase="build", **_raised(exc)) from None
     return fresh, fresh_base
+
+
+def _raised(exc: Exception) -> dict[str, str]:
+    """What raised, for a reply or a row: ``error`` (or ``exception``) and its traceback."""
+    return {
+        "error": f"{type(exc).__name__}: {exc}",
+        "traceback": traceback.format_exc(limit=6)[-2000:],
+    }
 
 
 def _fresh_baseline(bench: Bench, canonical32: dict[str, Any]) -> Any:
@@ -247,8 +248,8 @@ def _measure_row(
     try:
         _measure(bench, shared, row, layout, base_layout)
     except Exception as exc:
-        row["exception"] = f"{type(exc).__name__}: {exc}"
-        row["traceback"] = traceback.format_exc(limit=6)[-2000:]
+        raised = _raised(exc)
+        row["exception"], row["traceback"] = raised["error"], raised["traceback"]
     return row
 
 
@@ -275,10 +276,7 @@ def _prepare(bench: Bench, name: str, regime: str, base_layout: Layout) -> Share
             inputs.append(_prepared(bench, setup, case, (base_mod, base_layout), x, gy, skip))
         prepared.append((case, tuple(inputs)))
     try:
-        base = (base_mod, base_layout)
-        later: inuse.Later | Exception = inuse.prepare(
-            bench, setup, base, lambda s: _baseline(bench, s, base_layout), _prepared
-        )
+        later: inuse.Later | Exception = inuse.prepare(bench, setup, (base_mod, base_layout))
     except Exception as exc:  # raised again where each candidate measures, as _prepared's are
         later = exc
     return Shared(setup, base_mod, tuple(prepared), gen.get_state(), later=later)
@@ -345,7 +343,7 @@ def _measure(
     if isinstance(shared.later, Exception):
         raise shared.later
     assert shared.later is not None  # made with the cases
-    inuse.measure_later(bench, setup, shared.later, (mod, layout), row, _measure_case)
+    inuse.measure_later(bench, setup, shared.later, (mod, layout), row)
     row["seconds"] = time.perf_counter() - t_build
     row["twin"] = onetensor.twin_check(bench, setup, mod, layout)
 

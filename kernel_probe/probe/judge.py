@@ -1,9 +1,7 @@
-"""Where a verdict is decided: raw measurements in, (status, reasons) out.
+"""Where a verdict is decided: raw measurements in, (status, reasons) out (docs/checks.md).
 
-Outputs are judged by the tolerance model (``tolerance``); an input or grad_output modified in
-place fails outright; another output dtype than torch.nn's is judged by its consequence in the
-blocks a norm sits in (``--strict-dtype``: rejected); bitwise repeatability is recorded only. Also
-here: dead workers, tampering, the layout, the initialisation, the timing.
+Outputs by the tolerance model (``tolerance``); an input or grad_output modified in place fails;
+another output dtype by its consequence in the blocks a norm sits in; repeatability is recorded.
 """
 
 from __future__ import annotations
@@ -126,14 +124,6 @@ def judge_cases(
     )
 
 
-def determinism(row: MeasurementRow) -> tuple[bool | None, tuple[str, ...]]:
-    """(deterministic, a note where two identical runs differed); (None, ()): not measured."""
-    if "nondeterministic" not in row:
-        return None, ()
-    spread = row["nondeterministic"]
-    return spread is None, () if spread is None else (f"not deterministic: {spread}",)
-
-
 def unmeasured(
     candidate: str,
     device: str,
@@ -177,7 +167,7 @@ def row_verdict(
     all_failed = (*failed_first, *found.failed, *failed)
     if not row.get("cases") and not all_failed:
         raise UnjudgedRow(candidate, row["dtype"], row["regime"])
-    deterministic, spread = determinism(row)
+    spread = row.get("nondeterministic")  # None: bitwise repeatable (absent: not measured)
     return Verdict(
         candidate,
         device,
@@ -190,9 +180,9 @@ def row_verdict(
         statistics=found.statistics,
         out_dtype=out_dtype,
         twin=dict(row.get("twin") or {}) if twin else {},
-        notes=(*spread, *notes),
+        notes=(*((f"not deterministic: {spread}",) if spread else ()), *notes),
         errors={case: dict(t) for case, t in row.get("cases", {}).items()},
-        deterministic=deterministic,
+        deterministic=spread is None if "nondeterministic" in row else None,
         changes=tuple(changes),
         ratios=found.ratios,
     )

@@ -1,15 +1,8 @@
-"""A kernel as training and inference use it (issue 55), for every slot's worker (torch).
-
-The cases beyond a fresh module's first training call, by name (a ``MeasurementRow["cases"]``
-key, judged by ``judge.judge_cases`` with :data:`HINTS`): a second life after an in-place parameter
-update, the forward in eval mode, under ``torch.no_grad()`` and ``torch.inference_mode()``, a
-transposed and a strided view as input, the outputs after ``load_state_dict``. Here is only what
-no slot owns: the names and hints, the seeded in-place update, the inference contexts, the views,
-a copy that keeps an input's layout, and a state dict moved between torch.nn's names and a
-module's. A slot runs its own passes with them (docs/checks.md, "Training and inference").
-
-Import-light: the judge reads the names and hints in the probe's process, which never imports
-torch (tests/kernel_probe/probe/test_parent_torch_free.py); the helpers import it when called.
+"""A kernel as training and inference use it (issue 55): the cases' names and hints, the seeded
+in-place update, the inference contexts, the views, a copy keeping an input's layout, state dicts
+between torch.nn's names and a module's; each slot runs its own passes with them (docs/checks.md,
+"Training and inference"). The probe's process reads the hints without torch: the helpers import
+it when called (tests/kernel_probe/probe/test_parent_torch_free.py).
 """
 
 from __future__ import annotations
@@ -47,7 +40,7 @@ Pairs = Mapping[str, tuple[str, bool]]  # torch.nn's name -> (the module's key, 
 def steps(params: Mapping[str, Any], seed: int) -> dict[str, Any]:
     """One seeded update per torch.nn-named parameter (None: none), in float64 on its device:
     normal, scaled by :data:`STEP` times its RMS; the same for every module given ``params``."""
-    import torch  # the worker's: the probe's process reads the hints without it
+    import torch
 
     gen = torch.Generator().manual_seed(seed)
     out = {}
@@ -63,7 +56,7 @@ def update_in_place(module: Any, deltas: Mapping[str, Any], pairs: Pairs | None 
     """Add each update to the module's parameter in place under no_grad, as ``optimizer.step()``
     does (the same tensor objects, new values); ``pairs``: where the module holds torch.nn's names
     (None: under them, as they are)."""
-    import torch  # the worker's: the probe's process reads the hints without it
+    import torch
 
     own = dict(module.state_dict(keep_vars=True))
     with torch.no_grad():
@@ -80,7 +73,7 @@ def inference(case: str, *modules: Any) -> Iterator[None]:
     """Run inside ``case`` of :data:`INFERENCE`: ``modules`` in eval mode (gradients on, so only
     the mode differs), or under ``torch.no_grad()`` or ``torch.inference_mode()``; each module's
     training flag is restored after."""
-    import torch  # the worker's: the probe's process reads the hints without it
+    import torch
 
     modes = [m.training for m in modules]
     try:
@@ -106,7 +99,7 @@ def view(case: str, x: Any) -> Any:
     """``x`` (2-D or more) as the view of :data:`VIEWS` named ``case``, with the same values:
     ``transposed``, a 2-D ``.t()`` view (x flattened to rows first); ``strided``, ``[..., ::2]``
     of a twice wider buffer whose gaps hold NaN (a kernel reading them says so)."""
-    import torch  # the worker's: the probe's process reads the hints without it
+    import torch
 
     x = x.detach()
     if case == TRANSPOSED:
@@ -124,7 +117,7 @@ def view(case: str, x: Any) -> Any:
 def fresh_like(x: Any) -> Any:
     """A detached copy of ``x`` with its strides: a view stays a view of a buffer of its own, whose
     gaps hold NaN where its dtype has one (a kernel reading them says so)."""
-    import torch  # the worker's: the probe's process reads the hints without it
+    import torch
 
     x = x.detach()
     if x.is_contiguous():
