@@ -193,11 +193,14 @@ def _first_bad(
 ) -> None:
     """The first wrong row into ``out``: the first sampled one over, bisected down."""
     bad_at: int | None = None
+    overs: dict[str, list[Any]] = {}  # per output, per statistic: each sampled row over?
     for name in ROW_LOCAL:
         g, r = got.get(name), ref_by[name]
         if g is None or r is None:
             continue
-        by_max, by_rms, by_bias = _row_statistics(g, r, r.abs().max().item(), lims[name])
+        by_max, by_rms, by_bias = overs[name] = _row_statistics(
+            g, r, r.abs().max().item(), lims[name]
+        )
         over = (by_max | by_rms | by_bias).nonzero()
         if len(over):
             first = sampled[int(over[0])]
@@ -216,7 +219,14 @@ def _first_bad(
     first_bad = _bisect(out["last_good_row"], bad_at, wrong)
     out["first_bad_row"] = first_bad
     out["first_bad_sampled"] = bad_at
-    what = found.get(first_bad) or _sampled_statistic(first_bad, sampled, got, ref_by, lims)
+    i = sampled.index(bad_at)  # a sampled row the bisection did not look at: what is over in it
+    said = (
+        f"{n} {s}"
+        for n, o in overs.items()
+        for s, v in zip(STATISTICS.values(), o, strict=True)
+        if v[i]
+    )
+    what = found.get(first_bad) or (next(said, "") if first_bad == bad_at else "")
     if what:
         out["first_bad_statistic"] = what
 
@@ -232,25 +242,6 @@ def _row_statistic(got: Any, ref: Any, scale: float, lim: Limits, tensor: str) -
     over = _row_statistics(got, ref, scale, lim)
     pairs = zip(STATISTICS.values(), over, strict=True)
     return next((f"{tensor} {said}" for said, o in pairs if o[0]), "")
-
-
-def _sampled_statistic(
-    row: int,
-    sampled: Sequence[int],
-    got: Mapping[str, Any],
-    ref_by: Mapping[str, Any],
-    lims: Mapping[str, Limits],
-) -> str:
-    """What is over in a sampled row (when the bisection did not have to look at it)."""
-    if row not in sampled:
-        return ""
-    i = sampled.index(row)
-    said = (
-        _row_statistic(g[i : i + 1], r[i : i + 1], r.abs().max().item(), lims[name], name)
-        for name in ROW_LOCAL
-        if (g := got.get(name)) is not None and (r := ref_by.get(name)) is not None
-    )
-    return next((s for s in said if s), "")
 
 
 def _row_wrong(setup: Setup, row: int, xy: tuple[Any, Any], scale: float, lim: Limits) -> str:

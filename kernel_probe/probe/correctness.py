@@ -270,9 +270,11 @@ def _prepare(bench: Bench, name: str, regime: str, base_layout: Layout) -> Share
         for x in case.inputs:
             out_shape = (*x.shape[:-1], setup.width)
             gy = (torch.randn(*out_shape, generator=gen) * 0.7 + 0.1).to(device, x.dtype)
-            skip = None
-            if case.residual:
-                skip = torch.randn(*out_shape, generator=gen).to(device, x.dtype)
+            skip = (
+                torch.randn(*out_shape, generator=gen).to(device, x.dtype)
+                if case.residual
+                else None
+            )
             inputs.append(_prepared(bench, setup, case, (base_mod, base_layout), x, gy, skip))
         prepared.append((case, tuple(inputs)))
     try:

@@ -145,10 +145,11 @@ def lock_differences(a: KernelLock, b: KernelLock) -> dict[str, list[dict[str, A
                 if key == "kwargs":
                     vx, vy = (None if v is None else dict(v) for v in (vx, vy))
                 slots.append({"slot": name, "key": key, "a": vx, "b": vy})
-    top = []
-    for key in ("precision", "mode", "lock_version"):
-        if getattr(a, key) != getattr(b, key):
-            top.append({"key": key.replace("_", "-"), "a": getattr(a, key), "b": getattr(b, key)})
+    top = [
+        {"key": key.replace("_", "-"), "a": getattr(a, key), "b": getattr(b, key)}
+        for key in ("precision", "mode", "lock_version")
+        if getattr(a, key) != getattr(b, key)
+    ]
     # what each was probed for, as `--check` compares a lock with a run (one function: stale)
     probed = stale.differences(stale.Probed.of_lock(a), stale.Probed.of_lock(b))
     return {"lock": top, "environment": env, "slots": slots, "probe": [d.to_dict() for d in probed]}

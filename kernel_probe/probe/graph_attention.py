@@ -113,18 +113,14 @@ def backend(name: str, device: str) -> Attend:
             return GraphTransformerConv(out_channels=q.shape[-1])(q, k, v, e, edge_index, size)
 
         return pyg
-    if name == "triton":
-        return _triton(device)
     module, _, function = name.rpartition(".")
-    if not module:
+    if name != "triton" and not module:
         raise _Unavailable(
             f"unknown graph attention backend {name!r}: use triton, pyg or module.function"
         )
-    fn: Attend = getattr(importlib.import_module(module), function)
-    return fn
-
-
-def _triton(device: str) -> Attend:
+    if name != "triton":
+        fn: Attend = getattr(importlib.import_module(module), function)
+        return fn
     if device == "cpu" and not interpreter_requested():
         raise _Unavailable(
             "anemoi's Triton kernel runs on a GPU only (anemoi's is_triton_available: triton "

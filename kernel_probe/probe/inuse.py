@@ -52,17 +52,21 @@ def prepare(bench: Bench, setup: Row, base: tuple[Any, Layout]) -> Later:
     after = _baseline(bench, setup, base[1])
     lifecycle.update_in_place(after, deltas, base[1].pairs)
     after_input = _input(bench, updated, lifecycle.AFTER_UPDATE, (after, base[1]))
-    square = _square(bench, setup)
+    # at a square shape (a Linear's out_features = hidden), with parameters of its own
+    canonical = {**setup.canonical, "out_features": bench.hidden}
+    params, p64 = onetensor.parameters_for(bench.cand.semantics, canonical, setup.gen)
+    square = dataclasses.replace(
+        setup, canonical=canonical, params=params, params64=p64, width=bench.hidden
+    )
     source = _baseline(bench, square, base[1])
     x, ref = _forward_input(bench, square)
     loaded = (x, ref, measure.side(forward(source, x, square.autocast), ref, rows=True))
-    return Later(
-        views,
-        _inference(bench, setup, base[0]),
-        deltas,
-        (updated, after_input),
-        (square, source, loaded),
+    x, ref = _forward_input(bench, setup)  # one input of the inference cases
+    inference = tuple(
+        (case, x, ref, measure.side(forward(base[0], x, setup.autocast, case), ref, rows=True))
+        for case in lifecycle.INFERENCE
     )
+    return Later(views, inference, deltas, (updated, after_input), (square, source, loaded))
 
 
 def _forward_input(bench: Bench, setup: Row) -> tuple[Any, Any]:
@@ -75,24 +79,6 @@ def _forward_input(bench: Bench, setup: Row) -> tuple[Any, Any]:
         bench.cand.semantics, x.to(torch.float64), p64["weight"], p64["bias"], eps
     )
     return x, ref
-
-
-def _inference(bench: Bench, setup: Row, base_mod: Any) -> tuple:
-    """One input of the inference cases, its reference output and torch.nn's in each."""
-    x, ref = _forward_input(bench, setup)
-    return tuple(
-        (case, x, ref, measure.side(forward(base_mod, x, setup.autocast, case), ref, rows=True))
-        for case in lifecycle.INFERENCE
-    )
-
-
-def _square(bench: Bench, setup: Row) -> Row:
-    """The row at a square shape (a Linear's out_features = hidden), with parameters of its own."""
-    canonical = {**setup.canonical, "out_features": bench.hidden}
-    params, params64 = onetensor.parameters_for(bench.cand.semantics, canonical, setup.gen)
-    return dataclasses.replace(
-        setup, canonical=canonical, params=params, params64=params64, width=bench.hidden
-    )
 
 
 def _input(bench: Bench, setup: Row, name: str, base: tuple[Any, Layout]) -> Any:

@@ -365,7 +365,18 @@ def judge_candidate(
     report = report_of(
         verdicts, base, migration=layout.rules, blas=raw.blas, blas_default=raw.blas_default
     )
-    _judge_init(report, list(raw.init), policy)
+    init = list(raw.init)  # a changed initialisation: rejected, unless the policy accepts it
+    if init and policy.allow_init_change:
+        report.changes.extend(
+            f"initialisation: {d} (accepted with --allow-init-change)" for d in init
+        )
+    elif init:
+        report.reasons.insert(
+            0,
+            "initialisation differs from torch.nn's, so every model trained from scratch "
+            f"changes: {'; '.join(init)} (pass --allow-init-change to accept and record it)",
+        )
+        report.status = "rejected" if report.status == "accepted" else report.status
     for v in verdicts:
         for change in v.changes:
             line = f"{v.dtype}/{v.regime}: {change}"
@@ -384,24 +395,6 @@ def _early_stop(raw: CheckReply, cand: Candidate) -> Problem | None:
         "blas": ("unavailable", f"BLAS library: {raw.error}"),
     }
     return Problem(*stops[raw.phase]) if raw.phase in stops else None
-
-
-def _judge_init(report: Report, init: list[str], policy: Policy) -> None:
-    """A changed initialisation: rejected, unless the policy accepts (and records) it."""
-    if not init:
-        return
-    if policy.allow_init_change:
-        report.changes.extend(
-            f"initialisation: {d} (accepted with --allow-init-change)" for d in init
-        )
-        return
-    report.reasons.insert(
-        0,
-        "initialisation differs from torch.nn's, so every model trained from scratch "
-        f"changes: {'; '.join(init)} (pass --allow-init-change to accept and record it)",
-    )
-    if report.status == "accepted":
-        report.status = "rejected"
 
 
 # ---- after timing --------------------------------------------------------------------------------

@@ -29,11 +29,8 @@ class Layout:
 
     def problem(self) -> str:
         """Why no mapping onto torch.nn's state dict exists: the missing and unexpected keys."""
-        parts = []
-        if self.missing:
-            parts.append(f"missing {', '.join(self.missing)}")
-        if self.unexpected:
-            parts.append(f"unexpected {', '.join(self.unexpected)}")
+        said = (("missing", self.missing), ("unexpected", self.unexpected))
+        parts = [f"{what} {', '.join(keys)}" for what, keys in said if keys]
         return (
             "its state dict does not take torch.nn's keys, and no mapping was found (renamed "
             "keys of equal shapes in declaration order, a transposed weight, a dropped "

@@ -133,19 +133,15 @@ def fresh_like(x: Any) -> Any:
 # ---- state dicts between torch.nn's names and a module's ----------------------------------------
 def to_module(state: Mapping[str, Any], pairs: Pairs) -> dict[str, Any]:
     """A torch.nn-named state dict under the module's keys and layout (``pairs``)."""
-    out = {}
-    for name, value in state.items():
-        key, turned = pairs.get(name, (name, False))
-        out[key] = value.t().contiguous() if turned else value
-    return out
+    moved = ((pairs.get(name, (name, False)), value) for name, value in state.items())
+    return {key: value.t().contiguous() if turned else value for (key, turned), value in moved}
 
 
 def to_torch(state: Mapping[str, Any], pairs: Pairs) -> dict[str, Any]:
     """A module's state dict under torch.nn's names and layout (keys ``pairs`` does not map are
     left out: an ``_extra_state``)."""
-    out = {}
-    for name, (key, turned) in pairs.items():
-        if key in state:
-            value = state[key]
-            out[name] = value.t().contiguous() if turned else value
-    return out
+    return {
+        name: state[key].t().contiguous() if turned else state[key]
+        for name, (key, turned) in pairs.items()
+        if key in state
+    }

@@ -79,10 +79,9 @@ def blas_selected(library: str) -> Iterator[str]:
 
 # ---- a layer with parameters that maps one tensor: its float64 maths ----------------------------
 def eps_for(eps: float | None, dtype: Any) -> float:
-    """The eps a norm adds for an input of ``dtype``. An eps of None is torch.nn.RMSNorm's rule as
-    torch computes it: the machine epsilon of its accumulation type (float32's for a float32,
-    bfloat16 or float16 input; measured on torch 2.13, where the documented finfo(x.dtype).eps
-    would be 7.8e-3 for bfloat16), so the float64 reference adds what torch adds."""
+    """The eps a norm adds for an input of ``dtype``; None: torch.nn.RMSNorm's rule as torch 2.13
+    computes it, the machine epsilon of the accumulation type (float32's for a low-precision input,
+    not the documented finfo(x.dtype).eps)."""
     return float(torch.finfo(torch.promote_types(dtype, torch.float32)).eps) if eps is None else eps
 
 
@@ -154,11 +153,8 @@ def load_parameters(module: Any, params: Mapping[str, Any], layout: Layout) -> N
 def gradients(module: Any, layout: Layout) -> dict[str, Any]:
     """The module's parameter gradients under torch.nn's names and layout."""
     own = dict(module.state_dict(keep_vars=True))
-    out = {}
-    for name, (key, turned) in layout.pairs.items():
-        grad = getattr(own[key], "grad", None)
-        out[name] = None if grad is None else (grad.t() if turned else grad).detach()
-    return out
+    grads = {name: (getattr(own[key], "grad", None), t) for name, (key, t) in layout.pairs.items()}
+    return {n: None if g is None else (g.t() if t else g).detach() for n, (g, t) in grads.items()}
 
 
 # ---- the hard inputs, and one forward/backward pass ---------------------------------------------
@@ -335,13 +331,14 @@ def init_difference(candidate: torch.Tensor, reference: torch.Tensor) -> str | N
 def fresh_differences(cand_module: Any, base_module: Any, layout: Layout) -> list[str]:
     """Where a freshly built candidate starts differently from a freshly built torch.nn module."""
     cand_state, base_state = cand_module.state_dict(), base_module.state_dict()
-    out = []
-    for name, (key, turned) in layout.pairs.items():
-        value = cand_state[key]
-        why = init_difference(value.t() if turned else value, base_state[name])
-        if why is not None:
-            out.append(f"{name} {why}")
-    return out
+    whys = (
+        (
+            name,
+            init_difference(cand_state[key].t() if turned else cand_state[key], base_state[name]),
+        )
+        for name, (key, turned) in layout.pairs.items()
+    )
+    return [f"{name} {why}" for name, why in whys if why is not None]
 
 
 # ---- per row, after the cases: determinism, the blocks a norm sits in, the twin -----------------
