@@ -129,41 +129,32 @@ def check(
 
 
 def _fresh(bench: Bench) -> tuple[Any, Any]:
-    """The candidate and torch.nn's module freshly built in float32 (torch.nn's shared)."""
-    # each right after seeding torch's global generators (seed for torch.nn, seed + 1 for the
-    # candidate): the initialisation verdict is the same on every rank and in every run
+    """The candidate and torch.nn's module freshly built in float32 (torch.nn's shared), each right
+    after seeding torch's global generators (seed for torch.nn, seed + 1 for the candidate): the
+    initialisation verdict is the same on every rank and in every run."""
     canonical32 = bench.canonical("float32")
-    fresh_base = bench.shared_or_made(
-        bench.key("fresh"), functools.partial(_fresh_baseline, bench, canonical32)
-    )
+
+    def baseline() -> Any:  # or the stop that says why not
+        try:
+            torch.manual_seed(bench.seed)
+            return measure.build(bench.baseline, canonical32, bench.torch_device, torch.float32)
+        except Exception as exc:
+            why = f"torch.nn itself cannot be built on {bench.device}: {type(exc).__name__}: {exc}"
+            return _Stopped(phase="baseline", error=why)
+
+    fresh_base = bench.shared_or_made(bench.key("fresh"), baseline)
     if isinstance(fresh_base, _Stopped):
         raise fresh_base
     try:
         torch.manual_seed(bench.seed + 1)
         fresh = measure.build(bench.cand, canonical32, bench.torch_device, torch.float32)
     except Exception as exc:
-        raise _Stopped(phase="build", **_raised(exc)) from None
+        raise _Stopped(
+            phase="build",
+            error=f"{type(exc).__name__}: {exc}",
+            traceback=traceback.format_exc(limit=6)[-2000:],
+        ) from None
     return fresh, fresh_base
-
-
-def _raised(exc: Exception) -> dict[str, str]:
-    """What raised, for a reply or a row: ``error`` (or ``exception``) and its traceback."""
-    return {
-        "error": f"{type(exc).__name__}: {exc}",
-        "traceback": traceback.format_exc(limit=6)[-2000:],
-    }
-
-
-def _fresh_baseline(bench: Bench, canonical32: dict[str, Any]) -> Any:
-    """torch.nn's module freshly built in float32 after seeding, or the stop that says why not."""
-    try:
-        torch.manual_seed(bench.seed)
-        return measure.build(bench.baseline, canonical32, bench.torch_device, torch.float32)
-    except Exception as exc:
-        return _Stopped(
-            phase="baseline",
-            error=f"torch.nn itself cannot be built on {bench.device}: {type(exc).__name__}: {exc}",
-        )
 
 
 @dataclass(frozen=True)
@@ -248,8 +239,8 @@ def _measure_row(
     try:
         _measure(bench, shared, row, layout, base_layout)
     except Exception as exc:
-        raised = _raised(exc)
-        row["exception"], row["traceback"] = raised["error"], raised["traceback"]
+        row["exception"] = f"{type(exc).__name__}: {exc}"
+        row["traceback"] = traceback.format_exc(limit=6)[-2000:]
     return row
 
 

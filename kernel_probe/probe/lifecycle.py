@@ -75,20 +75,19 @@ def inference(case: str, *modules: Any) -> Iterator[None]:
     training flag is restored after."""
     import torch
 
+    contexts = {
+        EVAL: contextlib.nullcontext,
+        NO_GRAD: torch.no_grad,
+        INFERENCE_MODE: torch.inference_mode,
+    }
+    if case not in contexts:
+        raise ValueError(f"not an inference case: {case!r}")
     modes = [m.training for m in modules]
     try:
-        if case == EVAL:
-            for m in modules:
-                m.eval()
+        for m in modules if case == EVAL else ():
+            m.eval()
+        with contexts[case]():
             yield
-        elif case == NO_GRAD:
-            with torch.no_grad():
-                yield
-        elif case == INFERENCE_MODE:
-            with torch.inference_mode():
-                yield
-        else:
-            raise ValueError(f"not an inference case: {case!r}")
     finally:
         for m, mode in zip(modules, modes, strict=True):
             m.train(mode)
