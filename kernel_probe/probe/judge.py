@@ -28,7 +28,7 @@ from kernel_probe.isolation.protocol import (
 from kernel_probe.probe import lifecycle
 from kernel_probe.probe.layout import Layout
 from kernel_probe.probe.report import Problem, Report, ReportBase, Verdict
-from kernel_probe.probe.tolerance import judge_output, judge_shape, ratio
+from kernel_probe.probe.tolerance import Excess, judge_output, judge_shape, ratio
 
 HINTS = {
     "tiny-variance": "rows whose variance is below eps: is eps the one pinned, and added where "
@@ -271,10 +271,7 @@ def _judge_dtype(row: MeasurementRow, what: str, policy: Policy) -> tuple[str, s
             r, tol = ratio(got, base, row["dtype"])
             worst = max(worst, r)
             if r > 1.0:
-                bad.append(
-                    f"{kind} block {tensor} error {got:.3g} > tolerance {tol:.3g} (torch.nn's "
-                    f"{base:.3g})"
-                )
+                bad.append(f"{kind} block {Excess(tensor, 'max', got, tol, base)}")
         figures.append(f"{kind} block error ratio {worst:.2f}")
     said = f"output dtype {what} {regime}"
     if bad:
