@@ -180,7 +180,7 @@ def row_verdict(
         statistics=found.statistics,
         out_dtype=out_dtype,
         twin=dict(row.get("twin") or {}) if twin else {},
-        notes=(*((f"not deterministic: {spread}",) if spread else ()), *notes),
+        notes=(*((f"not deterministic: {spread}",) if spread is not None else ()), *notes),
         errors={case: dict(t) for case, t in row.get("cases", {}).items()},
         deterministic=spread is None if "nondeterministic" in row else None,
         changes=tuple(changes),
