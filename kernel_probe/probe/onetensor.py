@@ -364,10 +364,6 @@ def repeatability(bench: Bench, setup: Row, layout: Layout) -> str | None:
     return f"{', '.join(differ)} differ between two runs on the same input" if differ else None
 
 
-def _block(kind: str, norm: Any, linear: Any, x: Any) -> Any:
-    return x + linear(norm(x)) if kind == "pre-norm" else norm(x + linear(x))
-
-
 def blocks(
     bench: Bench, setup: Row, cand: tuple[Any, Layout], base: tuple[Any, Layout]
 ) -> dict[str, Any]:
@@ -389,17 +385,14 @@ def blocks(
 def _block_errors(bench: Bench, setup: Row, kind: str, drawn: tuple, mods: tuple) -> dict:
     """One block's errors, with the candidate (index 0) and torch.nn (index 1), against float64."""
     (w, bias, x, gy), hidden, device = drawn, bench.hidden, bench.torch_device
-    x64 = x.detach().double().requires_grad_(True)
     p64 = setup.params64
     nw = p64["weight"].clone().requires_grad_(True)
     nb = p64["bias"].clone().requires_grad_(True) if p64["bias"] is not None else None
     lw, lb = w.double().to(device), bias.double().to(device)
     semantics, eps = bench.cand.semantics, eps_for(setup.eps, x.dtype)
     norm = functools.partial(reference, semantics, weight=nw, bias=nb, eps=eps)
-    y64 = _block(kind, norm, lambda t: F.linear(t, lw, lb), x64)
-    y64.backward(gy.double())
-    ref = {"y": y64.detach(), "dx": x64.grad, "dweight": nw.grad}
-    ref["dbias"] = nb.grad if nb is not None else None
+    ref = _block_pass(kind, norm, lambda t: F.linear(t, lw, lb), x.double(), gy.double(), None)
+    ref.update(dweight=nw.grad, dbias=nb.grad if nb is not None else None)
     errs: dict[str, list[float]] = {}
     for i, (module, lay) in enumerate(mods):
         linear = torch.nn.Linear(hidden, hidden).to(device=device, dtype=setup.param_dtype)
@@ -408,16 +401,21 @@ def _block_errors(bench: Bench, setup: Row, kind: str, drawn: tuple, mods: tuple
             linear.bias.copy_(bias)
         for p in module.parameters():
             p.grad = None
-        xi = x.detach().clone().requires_grad_(True)
-        with measure.autocasting(setup.autocast):
-            y = _block(kind, module, linear, xi)
-        y.backward(gy)
-        got = {"y": y.detach(), "dx": xi.grad}
+        got = _block_pass(kind, module, linear, x, gy, setup.autocast)
         got.update({f"d{n}": g for n, g in gradients(module, lay).items()})
         for name, r in ref.items():
             if r is not None:
                 errs.setdefault(name, [0.0, 0.0])[i] = measure.rel_err(got.get(name), r)
     return errs
+
+
+def _block_pass(kind: str, norm: Any, linear: Any, x: Any, gy: Any, autocast: Any) -> dict:
+    """The block's forward and backward on a leaf copy of ``x``: y and dx."""
+    x = x.detach().clone().requires_grad_(True)
+    with measure.autocasting(autocast):
+        y = x + linear(norm(x)) if kind == "pre-norm" else norm(x + linear(x))
+    y.backward(gy)
+    return {"y": y.detach(), "dx": x.grad}
 
 
 def twin_check(bench: Bench, setup: Row, mod: Any, layout: Layout) -> dict[str, Any]:
