@@ -1,11 +1,8 @@
-"""The check at the model's shapes, in the worker, as a norm or Linear is timed (``timing``).
-
-A kernel right at the checks' 37 rows can be wrong at the model's size (ROCm ``F.layer_norm`` past
-2^23 rows, pytorch #184826; int32 offsets past 2^31 elements; a grid's y dimension at 65535). So
-one more forward and backward runs at that shape, and sampled rows (``sample_rows``: both ends,
-each boundary reached, one per band) are compared with float64; grad_output is zero elsewhere, so
-the parameter gradients sum over them. torch.nn's error, the tolerance's basis, is measured on
-those rows alone; a wrong row is bisected down to the first. In full: docs/checks.md.
+"""The check at the model's shapes, in the worker, as a norm or Linear is timed (``timing``): one
+more forward and backward at that shape, sampled rows (``sample_rows``) compared with float64 and
+torch.nn on them alone (grad_output is zero elsewhere), a wrong row bisected down to the first.
+A kernel right at 37 rows can be wrong past 2^23 rows (pytorch #184826) or 2^31 elements
+(docs/checks.md).
 """
 
 from __future__ import annotations
@@ -196,11 +193,14 @@ def _first_bad(
 ) -> None:
     """The first wrong row into ``out``: the first sampled one over, bisected down."""
     bad_at: int | None = None
+    overs: dict[str, list[Any]] = {}  # per output, per statistic: each sampled row over?
     for name in ROW_LOCAL:
         g, r = got.get(name), ref_by[name]
         if g is None or r is None:
             continue
-        by_max, by_rms, by_bias = _row_statistics(g, r, r.abs().max().item(), lims[name])
+        by_max, by_rms, by_bias = overs[name] = _row_statistics(
+            g, r, r.abs().max().item(), lims[name]
+        )
         over = (by_max | by_rms | by_bias).nonzero()
         if len(over):
             first = sampled[int(over[0])]
@@ -219,45 +219,29 @@ def _first_bad(
     first_bad = _bisect(out["last_good_row"], bad_at, wrong)
     out["first_bad_row"] = first_bad
     out["first_bad_sampled"] = bad_at
-    what = found.get(first_bad) or _sampled_statistic(first_bad, sampled, got, ref_by, lims)
+    i = sampled.index(bad_at)  # a sampled row the bisection did not look at: what is over in it
+    said = (
+        f"{n} {s}"
+        for n, o in overs.items()
+        for s, v in zip(STATISTICS.values(), o, strict=True)
+        if v[i]
+    )
+    what = found.get(first_bad) or (next(said, "") if first_bad == bad_at else "")
     if what:
         out["first_bad_statistic"] = what
 
 
 def _row_statistics(got: Any, ref: Any, scale: float, lim: Limits) -> list[Any]:
-    """Per row, per statistic (max, RMS, bias): is it over its tolerance?"""
+    """Per row, per statistic (max, RMS, bias: ``STATISTICS``' order): over its tolerance?"""
     per = measure.group_errors(got, ref, scale, rows=True)[:3]
     return [v > tol for v, tol in zip(per, (lim.max, lim.rms, lim.bias), strict=True)]
 
 
 def _row_statistic(got: Any, ref: Any, scale: float, lim: Limits, tensor: str) -> str:
     """What is over in a one-row ``got`` (``y bias``, ``y RMS error``), max first; "" if none."""
-    stats = _row_statistics(got, ref, scale, lim)
-    for name, over in zip(("max", "rms", "bias"), stats, strict=True):
-        if bool(over[0]):
-            return f"{tensor} {STATISTICS[name]}"
-    return ""
-
-
-def _sampled_statistic(
-    row: int,
-    sampled: Sequence[int],
-    got: Mapping[str, Any],
-    ref_by: Mapping[str, Any],
-    lims: Mapping[str, Limits],
-) -> str:
-    """What is over in a sampled row (when the bisection did not have to look at it)."""
-    if row not in sampled:
-        return ""
-    i = sampled.index(row)
-    for name in ROW_LOCAL:
-        g, r = got.get(name), ref_by.get(name)
-        if g is None or r is None:
-            continue
-        what = _row_statistic(g[i : i + 1], r[i : i + 1], r.abs().max().item(), lims[name], name)
-        if what:
-            return what
-    return ""
+    over = _row_statistics(got, ref, scale, lim)
+    pairs = zip(STATISTICS.values(), over, strict=True)
+    return next((f"{tensor} {said}" for said, o in pairs if o[0]), "")
 
 
 def _row_wrong(setup: Setup, row: int, xy: tuple[Any, Any], scale: float, lim: Limits) -> str:

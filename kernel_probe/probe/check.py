@@ -1,9 +1,6 @@
-"""Check every candidate of every slot in its worker, and time the accepted ones there.
-
-Per candidate: what rules it out unimported, the import (``IMPORT_TIMEOUT``), the checks
-(``CHECK_TIMEOUT``, more for torch.compile candidates), then the timing. Verdicts are the judge's;
-this module says which worker runs what, in which order, with which budget. ``check_and_time`` is
-the one loop of both ``kernel-probe check`` and the probe.
+"""Check every candidate of every slot in its worker, and time the accepted ones there: which
+worker runs what, in which order, with which budget (verdicts are the judge's). ``check_and_time``
+is the one loop of both ``kernel-probe check`` and the probe.
 """
 
 from __future__ import annotations
@@ -33,7 +30,7 @@ from kernel_probe.isolation.worker import Worker, WorkerDied, WorkerPool
 from kernel_probe.probe import judge, repetitions
 from kernel_probe.probe.judge import Policy, stopped
 from kernel_probe.probe.limits import CHECK_TIMEOUT, COMPILED_FACTOR, IMPORT_TIMEOUT, TIMING_TIMEOUT
-from kernel_probe.probe.report import Problem, Report, ReportBase, report_base, static_problem
+from kernel_probe.probe.report import Report, report_base, static_problem
 
 P = ParamSpec("P")
 
@@ -90,8 +87,15 @@ def check_candidate(
     problem = static_problem(cand, slot, device, arch, with_compile=with_compile, detail=True)
     if problem is None:
         problem = slot_behaviour.slot(slot).static_problem(cand, canonical)
-    if problem is not None and problem.try_it:
-        return _tried(cand, slot, device, worker, problem, base, import_timeout + timeout)
+    if problem is not None and problem.try_it:  # installed here, declared for other devices
+        try:
+            trying = TryRequest(op="try", **_about(cand, slot, device))
+            tried = worker.call(trying, import_timeout + timeout)
+        except WorkerDied as exc:
+            why = f"{problem.reason}; trying it {exc.status}: {exc.reason}"
+            return Report(status="unavailable", reasons=[why], **base)
+        why = judge.judge_tried(problem, cand, tried)
+        return Report(status="unavailable", reasons=[why], interpreted=tried.interpreted, **base)
     if problem is not None:
         return stopped(problem, base)
     try:
@@ -122,25 +126,6 @@ def check_candidate(
             dataclasses.replace(v, notes=(INTERPRETED, *v.notes)) for v in report.verdicts
         ]
     return report
-
-
-def _tried(
-    cand: Candidate,
-    slot: str,
-    device: str,
-    worker: Worker,
-    problem: Problem,
-    base: ReportBase,
-    seconds: float,
-) -> Report:
-    """A candidate installed here that declares other devices: how trying it fails (or runs)."""
-    try:
-        tried = worker.call(TryRequest(op="try", **_about(cand, slot, device)), seconds)
-    except WorkerDied as exc:
-        why = f"{problem.reason}; trying it {exc.status}: {exc.reason}"
-        return Report(status="unavailable", reasons=[why], **base)
-    why = judge.judge_tried(problem, cand, tried)
-    return Report(status="unavailable", reasons=[why], interpreted=tried.interpreted, **base)
 
 
 class _About(TypedDict):
@@ -231,8 +216,14 @@ def check_and_time(
                 base = report_base(cand, slot, checks.device)
                 checked = Checked(slot, Report(status="skipped", reasons=[why], **base))
             else:
+                same = {k: v for k, v in vars(checks).items() if k not in ("device", "plan")}
+                same.update(
+                    canonical=checks.canonical.get(slot), baseline=same.pop("baselines").get(slot)
+                )
                 with pool.worker_for(cand) as worker:
-                    checked = _check(cand, slot, checks, worker)
+                    t0 = time.perf_counter()
+                    report = check_candidate(cand, slot, checks.device, checks.plan, worker, **same)
+                    checked = Checked(slot, report, check_seconds=time.perf_counter() - t0)
             if timing is None:
                 yield checked
             else:
@@ -254,15 +245,6 @@ def _runs(
     return problem is None or problem.try_it
 
 
-def _check(cand: Candidate, slot: str, checks: Checks, worker: Worker) -> Checked:
-    """One candidate checked in its worker."""
-    t0 = time.perf_counter()
-    same = {k: v for k, v in vars(checks).items() if k not in ("device", "plan", "baselines")}
-    same["canonical"], same["baseline"] = checks.canonical.get(slot), checks.baselines.get(slot)
-    report = check_candidate(cand, slot, checks.device, checks.plan, worker, **same)
-    return Checked(slot, report, check_seconds=time.perf_counter() - t0)
-
-
 def _time_slot(
     slot: str,
     done: Sequence[tuple[Candidate, Checked]],
@@ -281,71 +263,100 @@ def _time_slot(
     warmup = min(3, timing.reps) if gpu or timing.fixed else 1
     first: dict[str, Any] = {"reps": timing.reps, "warmup": warmup, "mode": "fixed"}
     first["min_seconds"] = 0.2 if gpu else 0.0
+    timer = _SlotTimer(slot, checks, pool, timing)
     if len(timeable) == 1:
-        cand, checked = timeable[0]
-        _time(
-            cand,
-            slot,
-            checks,
-            pool,
-            timing,
-            checked,
-            first if timing.fixed else first | {"mode": "sole"},
-        )
+        timer.time(*timeable[0], first if timing.fixed else first | {"mode": "sole"})
     elif timeable:
         n = repetitions.block(timing.reps)
         first.update(reps=n, max_reps=n, min_seconds=0.0)
-        _rounds(
-            slot,
-            timeable,
-            checks,
-            pool,
-            timing,
-            (first, first | {"warmup": 0, "check": False, "first": False}),
+        later = first | {"warmup": 0, "check": False, "first": False}
+        timer.rounds(timeable, (first, later))
+
+
+@dataclass(frozen=True)
+class _SlotTimer:
+    """Where and how one slot's accepted candidates are timed."""
+
+    slot: str
+    checks: Checks
+    pool: WorkerPool
+    timing: Timing
+
+    @property
+    def shapes(self) -> tuple[str, ...]:
+        return self.timing.timed_at.get(self.slot, self.timing.shapes)
+
+    def rounds(
+        self,
+        timeable: Sequence[tuple[Candidate, Checked]],
+        options: tuple[dict[str, Any], dict[str, Any]],
+    ) -> None:
+        """Paired rounds: per round, per candidate still undecided, a block of the default and one
+        of it (the order swapped every round), until each is decided or futile (``--reps N``: N
+        calls each, in ``MIN_ROUNDS`` rounds at least, all of them) or the slot's budget ends."""
+        (base_cand, base), rest = timeable[0], list(timeable[1:])
+        timing, weights = self.timing, self.timing.weights.get(self.slot)
+        kind = "gpu" if self.checks.device != "cpu" else "cpu"
+        budget = repetitions.SLOT_BUDGET_S[kind] if timing.budget_s is None else timing.budget_s
+        rounds = repetitions.MAX_ROUNDS
+        if timing.fixed:  # N calls, in at least the rounds an interval takes (fewer decide nothing)
+            rounds = max(repetitions.MIN_ROUNDS, -(-timing.reps // options[0]["reps"]))
+        started, how = time.perf_counter(), "fixed" if timing.fixed else "max-rounds"
+        for r in range(rounds):
+            for cand, checked in rest:
+                pair = [(base_cand, base), (cand, checked)][:: -1 if r % 2 else 1]
+                got = {c.id: self.time(c, d, options[d.timings is not None]) for c, d in pair}
+                _pair(checked, got[base_cand.id], got[cand.id])
+            rest = [(c, d) for c, d in rest if _timed_ok(d)]
+            if not timing.fixed:
+                rest = [(c, d) for c, d in rest if not _settled(d, self.shapes, weights)]
+            if not timing.fixed and time.perf_counter() - started >= budget:
+                how = "budget"
+            if not rest or not _timed_ok(base) or how == "budget":
+                break
+        for _, checked in timeable[1:]:
+            left = timing.fixed or any(checked is d for _, d in rest)
+            said = how if left else _settled(checked, self.shapes, weights) or how
+            for row in checked.timings or ():
+                row["timed"] = said
+        for row in base.timings or ():
+            row["timed"] = "default"
+
+    def time(
+        self, cand: Candidate, done: Checked, options: Mapping[str, Any]
+    ) -> list[dict[str, Any]] | None:
+        """One accepted candidate timed in its worker (``options``: ``timing.time_candidate``'s),
+        with the load seen meanwhile; its rows merged into ``done``'s (``merged``) and returned
+        (None: no rows; the report says why)."""
+        t1, slot, timing, shapes = time.perf_counter(), self.slot, self.timing, self.shapes
+        first = done.timings is None  # later rounds' blocks are not announced: one line each
+        if first:
+            timing.progress(slot, cand.id, shapes, None)
+        where = _about(cand, slot, self.checks.device)
+        request = TimeRequest(
+            op="time", **where, shapes=shapes, dtype=timing.dtype, regime=timing.regime
         )
-
-
-def _rounds(
-    slot: str,
-    timeable: Sequence[tuple[Candidate, Checked]],
-    checks: Checks,
-    pool: WorkerPool,
-    timing: Timing,
-    options: tuple[dict[str, Any], dict[str, Any]],
-) -> None:
-    """Paired rounds: per round, per candidate still undecided, a block of the default and one of
-    it (the order swapped every round), until each is decided or futile (``--reps N``: N calls
-    each, in ``MIN_ROUNDS`` rounds at least, all of them) or the slot's budget ends."""
-    (base_cand, base), rest = timeable[0], list(timeable[1:])
-    shapes, weights = timing.timed_at.get(slot, timing.shapes), timing.weights.get(slot)
-    kind = "gpu" if checks.device != "cpu" else "cpu"
-    budget = repetitions.SLOT_BUDGET_S[kind] if timing.budget_s is None else timing.budget_s
-    rounds = repetitions.MAX_ROUNDS
-    if timing.fixed:  # N calls, in at least the rounds an interval takes (fewer decide nothing)
-        rounds = max(repetitions.MIN_ROUNDS, -(-timing.reps // options[0]["reps"]))
-    started, how = time.perf_counter(), "fixed" if timing.fixed else "max-rounds"
-    for r in range(rounds):
-        for cand, checked in rest:
-            pair = [(base_cand, base), (cand, checked)][:: -1 if r % 2 else 1]
-            got = {
-                c.id: _time(c, slot, checks, pool, timing, d, options[d.timings is not None])
-                for c, d in pair
-            }
-            _pair(checked, got[base_cand.id], got[cand.id])
-        rest = [(c, d) for c, d in rest if _timed_ok(d)]
-        if not timing.fixed:
-            rest = [(c, d) for c, d in rest if not _settled(d, shapes, weights)]
-        if not timing.fixed and time.perf_counter() - started >= budget:
-            how = "budget"
-        if not rest or not _timed_ok(base) or how == "budget":
-            break
-    for _, checked in timeable[1:]:
-        left = timing.fixed or any(checked is d for _, d in rest)
-        said = how if left else _settled(checked, shapes, weights) or how
-        for row in checked.timings or ():
-            row["timed"] = said
-    for row in base.timings or ():
-        row["timed"] = "default"
+        request["progress"], request["options"] = first, dict(options)
+        request["canonical"] = dict(self.checks.canonical.get(slot) or {})
+        rows = None
+        with self.pool.worker_for(cand) as worker:
+            load = host.Load(gpu=self.checks.device != "cpu")
+            try:
+                reply = worker.call(
+                    request,
+                    TIMING_TIMEOUT,
+                    on_progress=lambda m: timing.progress(slot, cand.id, shapes, m),
+                )
+                if not reply.tampered:
+                    seen = load.seen()
+                    rows = [{**cast(dict[str, Any], row), **seen} for row in reply.rows]
+                judge.judge_timing(done.report, reply)
+            except WorkerDied as exc:
+                judge.judge_timing_died(done.report, exc.status, exc.reason)
+        done.time_seconds += time.perf_counter() - t1
+        if rows is not None:
+            done.timings = rows if done.timings is None else merged(done.timings, rows)
+        return rows
 
 
 def _timed_ok(checked: Checked) -> bool:
@@ -413,50 +424,6 @@ def merged(
                 new[key] = max(row.get(key, 0), extra[key])
         out.append(new)
     return out
-
-
-def _time(
-    cand: Candidate,
-    slot: str,
-    checks: Checks,
-    pool: WorkerPool,
-    timing: Timing,
-    done: Checked,
-    options: Mapping[str, Any],
-) -> list[dict[str, Any]] | None:
-    """One accepted candidate timed in its worker (``options``: ``timing.time_candidate``'s), with
-    the load seen meanwhile; its rows merged into ``done``'s (``merged``) and returned (None: no
-    rows; the report says why)."""
-    t1 = time.perf_counter()
-    shapes = timing.timed_at.get(slot, timing.shapes)
-    first = done.timings is None  # later rounds' blocks are not announced: one line per candidate
-    if first:
-        timing.progress(slot, cand.id, shapes, None)
-    where = _about(cand, slot, checks.device)
-    request = TimeRequest(
-        op="time", **where, shapes=shapes, dtype=timing.dtype, regime=timing.regime
-    )
-    request["progress"], request["options"] = first, dict(options)
-    request["canonical"] = dict(checks.canonical.get(slot) or {})
-    rows = None
-    with pool.worker_for(cand) as worker:
-        load = host.Load(gpu=checks.device != "cpu")
-        try:
-            reply = worker.call(
-                request,
-                TIMING_TIMEOUT,
-                on_progress=lambda m: timing.progress(slot, cand.id, shapes, m),
-            )
-            if not reply.tampered:
-                seen = load.seen()
-                rows = [{**cast(dict[str, Any], row), **seen} for row in reply.rows]
-            judge.judge_timing(done.report, reply)
-        except WorkerDied as exc:
-            judge.judge_timing_died(done.report, exc.status, exc.reason)
-    done.time_seconds += time.perf_counter() - t1
-    if rows is not None:
-        done.timings = rows if done.timings is None else merged(done.timings, rows)
-    return rows
 
 
 def check_all(

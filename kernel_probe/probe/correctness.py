@@ -1,10 +1,7 @@
-"""The norms' and Linear's check, in the worker: raw measurements of one candidate on one device.
-
-Once, its layout (``layout``) and where its parameters start (``onetensor``). Then per (dtype,
-regime), beside torch.nn with the same parameters on ``onetensor.cases``: errors against float64
-forward and backward, flags, repeatability, the blocks a norm sits in (where its output dtype
-differs), the cases as training and inference use the kernel (``inuse``), the twin. What the
-slot's candidates share is made once per worker; no verdicts here.
+"""The norms' and Linear's check, in the worker: raw measurements of one candidate on one device
+(docs/checks.md). Its layout and initialisation once; per (dtype, regime), beside torch.nn with
+the same parameters: errors against float64, flags, repeatability, blocks, the cases as training
+and inference use it (``inuse``), the twin. What the slot's candidates share is made once.
 """
 
 from __future__ import annotations
@@ -132,13 +129,20 @@ def check(
 
 
 def _fresh(bench: Bench) -> tuple[Any, Any]:
-    """The candidate and torch.nn's module freshly built in float32 (torch.nn's shared)."""
-    # each right after seeding torch's global generators (seed for torch.nn, seed + 1 for the
-    # candidate): the initialisation verdict is the same on every rank and in every run
+    """The candidate and torch.nn's module freshly built in float32 (torch.nn's shared), each right
+    after seeding torch's global generators (seed for torch.nn, seed + 1 for the candidate): the
+    initialisation verdict is the same on every rank and in every run."""
     canonical32 = bench.canonical("float32")
-    fresh_base = bench.shared_or_made(
-        bench.key("fresh"), functools.partial(_fresh_baseline, bench, canonical32)
-    )
+
+    def baseline() -> Any:  # or the stop that says why not
+        try:
+            torch.manual_seed(bench.seed)
+            return measure.build(bench.baseline, canonical32, bench.torch_device, torch.float32)
+        except Exception as exc:
+            why = f"torch.nn itself cannot be built on {bench.device}: {type(exc).__name__}: {exc}"
+            return _Stopped(phase="baseline", error=why)
+
+    fresh_base = bench.shared_or_made(bench.key("fresh"), baseline)
     if isinstance(fresh_base, _Stopped):
         raise fresh_base
     try:
@@ -151,18 +155,6 @@ def _fresh(bench: Bench) -> tuple[Any, Any]:
             traceback=traceback.format_exc(limit=6)[-2000:],
         ) from None
     return fresh, fresh_base
-
-
-def _fresh_baseline(bench: Bench, canonical32: dict[str, Any]) -> Any:
-    """torch.nn's module freshly built in float32 after seeding, or the stop that says why not."""
-    try:
-        torch.manual_seed(bench.seed)
-        return measure.build(bench.baseline, canonical32, bench.torch_device, torch.float32)
-    except Exception as exc:
-        return _Stopped(
-            phase="baseline",
-            error=f"torch.nn itself cannot be built on {bench.device}: {type(exc).__name__}: {exc}",
-        )
 
 
 @dataclass(frozen=True)
@@ -269,16 +261,15 @@ def _prepare(bench: Bench, name: str, regime: str, base_layout: Layout) -> Share
         for x in case.inputs:
             out_shape = (*x.shape[:-1], setup.width)
             gy = (torch.randn(*out_shape, generator=gen) * 0.7 + 0.1).to(device, x.dtype)
-            skip = None
-            if case.residual:
-                skip = torch.randn(*out_shape, generator=gen).to(device, x.dtype)
+            skip = (
+                torch.randn(*out_shape, generator=gen).to(device, x.dtype)
+                if case.residual
+                else None
+            )
             inputs.append(_prepared(bench, setup, case, (base_mod, base_layout), x, gy, skip))
         prepared.append((case, tuple(inputs)))
     try:
-        base = (base_mod, base_layout)
-        later: inuse.Later | Exception = inuse.prepare(
-            bench, setup, base, lambda s: _baseline(bench, s, base_layout), _prepared
-        )
+        later: inuse.Later | Exception = inuse.prepare(bench, setup, (base_mod, base_layout))
     except Exception as exc:  # raised again where each candidate measures, as _prepared's are
         later = exc
     return Shared(setup, base_mod, tuple(prepared), gen.get_state(), later=later)
@@ -345,7 +336,7 @@ def _measure(
     if isinstance(shared.later, Exception):
         raise shared.later
     assert shared.later is not None  # made with the cases
-    inuse.measure_later(bench, setup, shared.later, (mod, layout), row, _measure_case)
+    inuse.measure_later(bench, setup, shared.later, (mod, layout), row)
     row["seconds"] = time.perf_counter() - t_build
     row["twin"] = onetensor.twin_check(bench, setup, mod, layout)
 

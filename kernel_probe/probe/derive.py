@@ -1,9 +1,6 @@
-"""Locks from locks: an inference lock derived from a training lock for this machine, and what
-differs between two locks.
-
-Every slot whose training implementation cannot run here gets its verified twin, as
-``resolve_slot`` decides in inference mode, made once and written down; a slot without one stops
-it. The environment is this machine's; the provenance names the training lock and substitutions.
+"""Locks from locks: an inference lock derived from a training lock for this machine (each slot
+whose implementation cannot run here gets its verified twin, as ``resolve_slot`` decides), and
+what differs between two locks.
 """
 
 from __future__ import annotations
@@ -130,14 +127,15 @@ def lock_differences(a: KernelLock, b: KernelLock) -> dict[str, list[dict[str, A
     """What differs between locks: top-level keys, fingerprint, libraries, slots' choices, and
     what they were probed for (the model, the profile, the options, the libraries installed)."""
     env = []
-    for name in sorted(set(a.environment.fields) | set(b.environment.fields)):
-        x, y = a.environment.fields.get(name), b.environment.fields.get(name)
-        if (x and x.value) != (y and y.value) or (x and x.match) != (y and y.match):
-            env.append({"field": name, "a": _as_dict(x), "b": _as_dict(y)})
-    for name in sorted(set(a.environment.libraries) | set(b.environment.libraries)):
-        x, y = a.environment.libraries.get(name), b.environment.libraries.get(name)
-        if (x and x.value) != (y and y.value):
-            env.append({"field": f"libraries.{name}", "a": _as_dict(x), "b": _as_dict(y)})
+    for prefix, ax, bx in (
+        ("", a.environment.fields, b.environment.fields),
+        ("libraries.", a.environment.libraries, b.environment.libraries),
+    ):
+        for name in sorted(set(ax) | set(bx)):
+            x, y = ax.get(name), bx.get(name)
+            match = prefix or (x and x.match) == (y and y.match)  # a library has no match rule
+            if (x and x.value) != (y and y.value) or not match:
+                env.append({"field": prefix + name, "a": _as_dict(x), "b": _as_dict(y)})
     slots = []
     for name in SLOTS:
         sx, sy = a.slots.get(name), b.slots.get(name)
@@ -147,10 +145,11 @@ def lock_differences(a: KernelLock, b: KernelLock) -> dict[str, list[dict[str, A
                 if key == "kwargs":
                     vx, vy = (None if v is None else dict(v) for v in (vx, vy))
                 slots.append({"slot": name, "key": key, "a": vx, "b": vy})
-    top = []
-    for key in ("precision", "mode", "lock_version"):
-        if getattr(a, key) != getattr(b, key):
-            top.append({"key": key.replace("_", "-"), "a": getattr(a, key), "b": getattr(b, key)})
+    top = [
+        {"key": key.replace("_", "-"), "a": getattr(a, key), "b": getattr(b, key)}
+        for key in ("precision", "mode", "lock_version")
+        if getattr(a, key) != getattr(b, key)
+    ]
     # what each was probed for, as `--check` compares a lock with a run (one function: stale)
     probed = stale.differences(stale.Probed.of_lock(a), stale.Probed.of_lock(b))
     return {"lock": top, "environment": env, "slots": slots, "probe": [d.to_dict() for d in probed]}

@@ -1,15 +1,11 @@
 """The GraphTransformer's attention backend: measured in a worker, judged, and chosen for the lock's
-``[graph-attention]``; checked only when asked (``--graph-attention``), torch only in the worker
-(docs/checks.md, "GraphAttention"). Per destination ``i`` over its edges ``e = (j -> i)``:
+``[graph-attention]`` when asked (``--graph-attention``; docs/checks.md, "GraphAttention"). Per
+destination ``i`` over its edges ``e = (j -> i)``:
 
     alpha_e = softmax_i( q_i . (k_j + e_ij) / sqrt(C) ),    out_i = sum_e alpha_e (v_j + e_ij)
 
-``out``, ``dq``, ``dk``, ``dv``, ``de`` are compared with it in float64 on a graph with an O96
-processor's in-degrees. Backends: ``pyg``, ``triton`` (on a CPU only under TRITON_INTERPRET=1), or
-``module.function`` as ``f(q, k, v, e, edge_index, size) -> out``. ``choose``: ``auto`` takes what
-anemoi would run here, or the other where that one is rejected; ``triton`` if accepted and runnable,
-else an error unless ``allow_fallback``; ``pyg`` if accepted; never one not bitwise repeatable under
-``--deterministic``.
+Backends: ``pyg``, ``triton`` (on a CPU only under TRITON_INTERPRET=1), or ``module.function`` as
+``f(q, k, v, e, edge_index, size) -> out``.
 """
 
 from __future__ import annotations
@@ -117,18 +113,14 @@ def backend(name: str, device: str) -> Attend:
             return GraphTransformerConv(out_channels=q.shape[-1])(q, k, v, e, edge_index, size)
 
         return pyg
-    if name == "triton":
-        return _triton(device)
     module, _, function = name.rpartition(".")
-    if not module:
+    if name != "triton" and not module:
         raise _Unavailable(
             f"unknown graph attention backend {name!r}: use triton, pyg or module.function"
         )
-    fn: Attend = getattr(importlib.import_module(module), function)
-    return fn
-
-
-def _triton(device: str) -> Attend:
+    if name != "triton":
+        fn: Attend = getattr(importlib.import_module(module), function)
+        return fn
     if device == "cpu" and not interpreter_requested():
         raise _Unavailable(
             "anemoi's Triton kernel runs on a GPU only (anemoi's is_triton_available: triton "
@@ -299,20 +291,22 @@ class GraphAttentionReport:
         }
 
 
-def judge_row(backend: str, device: str, row: MeasurementRow) -> Verdict:
-    """One dtype's verdict: max errors under the attention tolerance, RMS and bias as usual."""
-    v = unmeasured(backend, device, row, None)  # an exception is a crash: no refusal to tell apart
-    if v is not None:
-        return v
-    found = judge_cases(row, HINTS, max_tolerance=tolerance, baseline=BASELINE)
-    return row_verdict(backend, device, row, found, twin=False)
-
-
 def judge(
     backend: str, device: str, rows: list[MeasurementRow], *, interpreted: bool = False
 ) -> GraphAttentionReport:
-    """The verdict on ``backend`` from its rows (one per dtype)."""
-    verdicts = [judge_row(backend, device, row) for row in rows]
+    """The verdict on ``backend`` from its rows (one per dtype): max errors under the attention
+    tolerance, RMS and bias as usual; an exception is a crash (no refusal to tell apart)."""
+    verdicts = [
+        unmeasured(backend, device, row, None)
+        or row_verdict(
+            backend,
+            device,
+            row,
+            judge_cases(row, HINTS, max_tolerance=tolerance, baseline=BASELINE),
+            twin=False,
+        )
+        for row in rows
+    ]
     status = worst_status([v.status for v in verdicts])
     reasons = row_reasons(verdicts, regime=False)
     return GraphAttentionReport(backend, device, status, reasons, verdicts, interpreted)
@@ -342,12 +336,6 @@ def check_backend(
         report.status = "rejected"
         report.reasons.insert(0, f"replaced torch's own functions: {', '.join(reply.tampered)}")
     return report
-
-
-def check_all(device: str, dtypes: Sequence[str]) -> list[GraphAttentionReport]:
-    """Every backend that can be checked here (``backends_to_check``)."""
-    found = backends_to_check(device, interpreter_requested())
-    return [check_backend(b, device, dtypes) for b in found]
 
 
 def _evidence(reports: Sequence[GraphAttentionReport]) -> tuple[dict[str, Any], ...]:
@@ -395,7 +383,10 @@ def choose(
     deterministic: bool = False,
     triton: bool | None = None,
 ) -> GraphAttention:
-    """The lock's ``[graph-attention]`` by the module docstring's rule; raises where none fits."""
+    """The lock's ``[graph-attention]``: ``auto`` takes what anemoi would run here, or the other
+    where that one is rejected; ``triton`` if accepted and runnable, else an error unless
+    ``allow_fallback``; ``pyg`` if accepted; never one not bitwise repeatable under
+    ``deterministic``."""
     if wanted not in CHOICES:
         raise UsageError(f"--graph-attention {wanted!r} is not one of {', '.join(CHOICES)}")
     if allow_fallback and wanted == "pyg":
@@ -447,7 +438,8 @@ def for_probe(
     worker's, whose device type decides where anemoi falls back)."""
     if not request.graph_attention:
         return None
-    reports = check_all(device, dtypes)
+    found = backends_to_check(device, interpreter_requested())
+    reports = [check_backend(b, device, dtypes) for b in found]
     for rep in reports:
         first = f" ({rep.reasons[0]})" if rep.reasons else ""
         note(f"graph attention {rep.backend}: {rep.status}{first}")

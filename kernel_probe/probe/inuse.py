@@ -1,20 +1,14 @@
 """The norms and Linear as training and inference use them, in the worker (issue 55): the cases of
-``lifecycle`` after the first life's, per (dtype, regime), beside torch.nn treated alike.
-
-The forward in eval mode, under ``torch.no_grad()`` and ``torch.inference_mode()`` (forward only);
-a second forward and backward after every parameter was updated in place as an optimizer step does
-(the row's parameters plus a seeded step, torch.nn given the same); and the outputs of a candidate
-loaded from torch.nn's state dict at a square shape (a Linear's weight is then square), and of
-torch.nn loaded back from it (forward only). torch.nn's side is prepared once per row and shared by
-the slot's candidates (``prepare``); each candidate's is ``measure_later``'s. The views (a
-transposed and a strided input, forward and backward) run first, with the first life's parameters.
+``lifecycle`` after the first life's, per (dtype, regime), beside torch.nn treated alike: the views,
+the inference forwards, a second life after an in-place update, a round trip through torch.nn's
+state dict at a square shape (docs/checks.md). torch.nn's side is prepared once per row
+(``prepare``); each candidate's is ``measure_later``'s.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -24,15 +18,10 @@ from kernel_probe.isolation.protocol import ErrorStats, MeasurementRow
 from kernel_probe.probe import lifecycle, measure, onetensor
 from kernel_probe.probe.layout import Layout
 
-if TYPE_CHECKING:  # correctness builds on this module
+if TYPE_CHECKING:  # correctness builds on this module (imported where used)
     from kernel_probe.probe.correctness import Bench, Prepared, Row
 
 ROWS = 11  # odd, below a block of 16; fewer than the first life's: these cases cost little
-# (bench, setup, case, inputs, (module, layout), flags) -> (errors, statistics, output dtype)
-CaseRunner = Callable[..., tuple[dict[str, list[float]], dict[str, ErrorStats], str]]
-# (bench, setup, case, (torch.nn's module, its layout), x, grad_output, skip) -> a Prepared
-Preparer = Callable[..., "Prepared"]
-
 
 SEED = 55  # the later cases draw from a generator of their own: the first life's stay as they were
 
@@ -51,29 +40,33 @@ class Later:
 Forward = tuple[Any, Any, measure.Side]  # an input, the reference output, torch.nn's errors
 
 
-def prepare(
-    bench: Bench, setup: Row, base: tuple[Any, Layout], made: Callable[[Row], Any], prep: Preparer
-) -> Later:
-    """torch.nn's later cases; ``made(row)``: torch.nn's module built for a row, after one pass."""
+def prepare(bench: Bench, setup: Row, base: tuple[Any, Layout]) -> Later:
+    """torch.nn's later cases (``base``: its module and layout)."""
+    from kernel_probe.probe.correctness import _baseline
+
     setup = dataclasses.replace(setup, gen=torch.Generator().manual_seed(bench.seed + SEED))
-    views = tuple((v, _input(bench, setup, v, base, prep)) for v in lifecycle.VIEWS)
+    views = tuple((v, _input(bench, setup, v, base)) for v in lifecycle.VIEWS)
     deltas = lifecycle.steps(setup.params64, bench.seed + SEED)
     params64 = {k: v if v is None else v + deltas[k] for k, v in setup.params64.items()}
     updated = dataclasses.replace(setup, params64=params64)
-    after = made(setup)
+    after = _baseline(bench, setup, base[1])
     lifecycle.update_in_place(after, deltas, base[1].pairs)
-    after_input = _input(bench, updated, lifecycle.AFTER_UPDATE, (after, base[1]), prep)
-    square = _square(bench, setup)
-    source = made(square)
+    after_input = _input(bench, updated, lifecycle.AFTER_UPDATE, (after, base[1]))
+    # at a square shape (a Linear's out_features = hidden), with parameters of its own
+    canonical = {**setup.canonical, "out_features": bench.hidden}
+    params, p64 = onetensor.parameters_for(bench.cand.semantics, canonical, setup.gen)
+    square = dataclasses.replace(
+        setup, canonical=canonical, params=params, params64=p64, width=bench.hidden
+    )
+    source = _baseline(bench, square, base[1])
     x, ref = _forward_input(bench, square)
     loaded = (x, ref, measure.side(forward(source, x, square.autocast), ref, rows=True))
-    return Later(
-        views,
-        _inference(bench, setup, base[0]),
-        deltas,
-        (updated, after_input),
-        (square, source, loaded),
+    x, ref = _forward_input(bench, setup)  # one input of the inference cases
+    inference = tuple(
+        (case, x, ref, measure.side(forward(base[0], x, setup.autocast, case), ref, rows=True))
+        for case in lifecycle.INFERENCE
     )
+    return Later(views, inference, deltas, (updated, after_input), (square, source, loaded))
 
 
 def _forward_input(bench: Bench, setup: Row) -> tuple[Any, Any]:
@@ -88,31 +81,15 @@ def _forward_input(bench: Bench, setup: Row) -> tuple[Any, Any]:
     return x, ref
 
 
-def _inference(bench: Bench, setup: Row, base_mod: Any) -> tuple:
-    """One input of the inference cases, its reference output and torch.nn's in each."""
-    x, ref = _forward_input(bench, setup)
-    return tuple(
-        (case, x, ref, measure.side(forward(base_mod, x, setup.autocast, case), ref, rows=True))
-        for case in lifecycle.INFERENCE
-    )
-
-
-def _square(bench: Bench, setup: Row) -> Row:
-    """The row at a square shape (a Linear's out_features = hidden), with parameters of its own."""
-    canonical = {**setup.canonical, "out_features": bench.hidden}
-    params, params64 = onetensor.parameters_for(bench.cand.semantics, canonical, setup.gen)
-    return dataclasses.replace(
-        setup, canonical=canonical, params=params, params64=params64, width=bench.hidden
-    )
-
-
-def _input(bench: Bench, setup: Row, name: str, base: tuple[Any, Layout], prep: Preparer) -> Any:
+def _input(bench: Bench, setup: Row, name: str, base: tuple[Any, Layout]) -> Any:
     """One input of a later case (a view for a view's), torch.nn's pass and the reference on it."""
+    from kernel_probe.probe.correctness import _prepared
+
     gen, device = setup.gen, bench.torch_device
     x = (torch.randn(ROWS, bench.hidden, generator=gen) + 0.2).to(device, setup.dtype)
     x = lifecycle.view(name, x) if name in lifecycle.VIEWS else x
     gy = (torch.randn(ROWS, setup.width, generator=gen) * 0.7 + 0.1).to(device, setup.dtype)
-    return prep(bench, setup, onetensor.Case(name, [x]), base, x, gy, None)
+    return _prepared(bench, setup, onetensor.Case(name, [x]), base, x, gy, None)
 
 
 def forward(module: Any, x: Any, autocast: tuple[str, Any] | None, case: str = "") -> Any:
@@ -126,24 +103,19 @@ def forward(module: Any, x: Any, autocast: tuple[str, Any] | None, case: str = "
 
 
 def measure_later(
-    bench: Bench,
-    setup: Row,
-    later: Later,
-    candidate: tuple[Any, Layout],
-    row: MeasurementRow,
-    run_case: CaseRunner,
+    bench: Bench, setup: Row, later: Later, candidate: tuple[Any, Layout], row: MeasurementRow
 ) -> None:
     """The candidate's later cases into ``row``: the views and inference, then its second life
     (``candidate`` is updated in place), then a fresh one loaded from torch.nn's state dict and
     back."""
     for view, p in later.views:
-        _run(run_case, bench, setup, view, p, candidate, row)
+        _run(bench, setup, view, p, candidate, row)
     for case, x, ref, base_side in later.inference:
         y = forward(candidate[0], x, setup.autocast, case)
         _judge_forward(row, case, [y], ref, base_side)
     lifecycle.update_in_place(candidate[0], later.deltas, candidate[1].pairs)
     updated, p = later.updated
-    _run(run_case, bench, updated, lifecycle.AFTER_UPDATE, p, candidate, row)
+    _run(bench, updated, lifecycle.AFTER_UPDATE, p, candidate, row)
     square, source, (x, ref, base_side) = later.loaded
     loaded = _round_trip(bench, square, source, candidate[1])
     ys = [forward(m, x, square.autocast) for m in loaded]
@@ -177,17 +149,13 @@ def _round_trip(bench: Bench, square: Row, source: Any, layout: Layout) -> list[
 
 
 def _run(
-    run_case: CaseRunner,
-    bench: Bench,
-    setup: Row,
-    name: str,
-    p: Prepared,
-    candidate: tuple[Any, Layout],
-    row: MeasurementRow,
+    bench: Bench, setup: Row, name: str, p: Prepared, candidate: tuple, row: MeasurementRow
 ) -> None:
     """One later case with a forward and backward, into ``row`` (its flags too)."""
+    from kernel_probe.probe.correctness import _measure_case
+
     case = onetensor.Case(name, [p.x])
-    errs, stats, _ = run_case(bench, setup, case, (p,), candidate, row["flags"])
+    errs, stats, _ = _measure_case(bench, setup, case, (p,), candidate, row["flags"])
     if name in lifecycle.VIEWS:  # a strided row reduced in another order: its mean shifts by a
         # rounding shared by the row, which the bias's independent-noise model does not cover
         stats = {t: {k: v for k, v in s.items() if k != "bias"} for t, s in stats.items()}  # type: ignore[misc]

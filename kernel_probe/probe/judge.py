@@ -1,9 +1,7 @@
-"""Where a verdict is decided: raw measurements in, (status, reasons) out.
+"""Where a verdict is decided: raw measurements in, (status, reasons) out (docs/checks.md).
 
-Outputs are judged by the tolerance model (``tolerance``); an input or grad_output modified in
-place fails outright; another output dtype than torch.nn's is judged by its consequence in the
-blocks a norm sits in (``--strict-dtype``: rejected); bitwise repeatability is recorded only. Also
-here: dead workers, tampering, the layout, the initialisation, the timing.
+Outputs by the tolerance model (``tolerance``); an input or grad_output modified in place fails;
+another output dtype by its consequence in the blocks a norm sits in; repeatability is recorded.
 """
 
 from __future__ import annotations
@@ -30,7 +28,7 @@ from kernel_probe.isolation.protocol import (
 from kernel_probe.probe import lifecycle
 from kernel_probe.probe.layout import Layout
 from kernel_probe.probe.report import Problem, Report, ReportBase, Verdict
-from kernel_probe.probe.tolerance import judge_output, judge_shape, ratio
+from kernel_probe.probe.tolerance import Excess, judge_output, judge_shape, ratio
 
 HINTS = {
     "tiny-variance": "rows whose variance is below eps: is eps the one pinned, and added where "
@@ -126,14 +124,6 @@ def judge_cases(
     )
 
 
-def determinism(row: MeasurementRow) -> tuple[bool | None, tuple[str, ...]]:
-    """(deterministic, a note where two identical runs differed); (None, ()): not measured."""
-    if "nondeterministic" not in row:
-        return None, ()
-    spread = row["nondeterministic"]
-    return spread is None, () if spread is None else (f"not deterministic: {spread}",)
-
-
 def unmeasured(
     candidate: str,
     device: str,
@@ -177,7 +167,7 @@ def row_verdict(
     all_failed = (*failed_first, *found.failed, *failed)
     if not row.get("cases") and not all_failed:
         raise UnjudgedRow(candidate, row["dtype"], row["regime"])
-    deterministic, spread = determinism(row)
+    spread = row.get("nondeterministic")  # None: bitwise repeatable (absent: not measured)
     return Verdict(
         candidate,
         device,
@@ -190,9 +180,9 @@ def row_verdict(
         statistics=found.statistics,
         out_dtype=out_dtype,
         twin=dict(row.get("twin") or {}) if twin else {},
-        notes=(*spread, *notes),
+        notes=(*((f"not deterministic: {spread}",) if spread is not None else ()), *notes),
         errors={case: dict(t) for case, t in row.get("cases", {}).items()},
-        deterministic=deterministic,
+        deterministic=spread is None if "nondeterministic" in row else None,
         changes=tuple(changes),
         ratios=found.ratios,
     )
@@ -281,10 +271,7 @@ def _judge_dtype(row: MeasurementRow, what: str, policy: Policy) -> tuple[str, s
             r, tol = ratio(got, base, row["dtype"])
             worst = max(worst, r)
             if r > 1.0:
-                bad.append(
-                    f"{kind} block {tensor} error {got:.3g} > tolerance {tol:.3g} (torch.nn's "
-                    f"{base:.3g})"
-                )
+                bad.append(f"{kind} block {Excess(tensor, 'max', got, tol, base)}")
         figures.append(f"{kind} block error ratio {worst:.2f}")
     said = f"output dtype {what} {regime}"
     if bad:
@@ -375,7 +362,18 @@ def judge_candidate(
     report = report_of(
         verdicts, base, migration=layout.rules, blas=raw.blas, blas_default=raw.blas_default
     )
-    _judge_init(report, list(raw.init), policy)
+    init = list(raw.init)  # a changed initialisation: rejected, unless the policy accepts it
+    if init and policy.allow_init_change:
+        report.changes.extend(
+            f"initialisation: {d} (accepted with --allow-init-change)" for d in init
+        )
+    elif init:
+        report.reasons.insert(
+            0,
+            "initialisation differs from torch.nn's, so every model trained from scratch "
+            f"changes: {'; '.join(init)} (pass --allow-init-change to accept and record it)",
+        )
+        report.status = "rejected" if report.status == "accepted" else report.status
     for v in verdicts:
         for change in v.changes:
             line = f"{v.dtype}/{v.regime}: {change}"
@@ -394,24 +392,6 @@ def _early_stop(raw: CheckReply, cand: Candidate) -> Problem | None:
         "blas": ("unavailable", f"BLAS library: {raw.error}"),
     }
     return Problem(*stops[raw.phase]) if raw.phase in stops else None
-
-
-def _judge_init(report: Report, init: list[str], policy: Policy) -> None:
-    """A changed initialisation: rejected, unless the policy accepts (and records) it."""
-    if not init:
-        return
-    if policy.allow_init_change:
-        report.changes.extend(
-            f"initialisation: {d} (accepted with --allow-init-change)" for d in init
-        )
-        return
-    report.reasons.insert(
-        0,
-        "initialisation differs from torch.nn's, so every model trained from scratch "
-        f"changes: {'; '.join(init)} (pass --allow-init-change to accept and record it)",
-    )
-    if report.status == "accepted":
-        report.status = "rejected"
 
 
 # ---- after timing --------------------------------------------------------------------------------

@@ -1,11 +1,6 @@
-"""Parameter layout: does a candidate's state dict take torch.nn's keys, and through which mapping?
-
-From keys and shapes only, before any numerics: a kernel calling its parameters ``gamma``/``beta``
-or storing a Linear weight as ``(in, out)`` is right, and the mapping found is its twin's
-state-dict migration (``kernel_lock.checkpoint``): ``drop:<key>``, ``rename:<old>-><new>``,
-``transpose:<key>``. In order: ``_extra_state`` entries are dropped; a key of torch.nn's with the
-same (or 2-D transposed) shape maps to itself; the keys left pair up in declaration order when
-every pair's shapes fit. Else no mapping: the verdict lists what is missing and unexpected.
+"""Parameter layout: does a candidate's state dict take torch.nn's keys, and through which mapping
+(from keys and shapes only)? The mapping is its twin's state-dict migration
+(``kernel_lock.checkpoint``): ``drop:<key>``, ``rename:<old>-><new>``, ``transpose:<key>``.
 """
 
 from __future__ import annotations
@@ -34,11 +29,8 @@ class Layout:
 
     def problem(self) -> str:
         """Why no mapping onto torch.nn's state dict exists: the missing and unexpected keys."""
-        parts = []
-        if self.missing:
-            parts.append(f"missing {', '.join(self.missing)}")
-        if self.unexpected:
-            parts.append(f"unexpected {', '.join(self.unexpected)}")
+        said = (("missing", self.missing), ("unexpected", self.unexpected))
+        parts = [f"{what} {', '.join(keys)}" for what, keys in said if keys]
         return (
             "its state dict does not take torch.nn's keys, and no mapping was found (renamed "
             "keys of equal shapes in declaration order, a transposed weight, a dropped "
@@ -60,16 +52,10 @@ class Layout:
         """The layout from :meth:`to_json`'s object."""
         raw_pairs = cast("Mapping[object, Sequence[object]]", d.get("pairs") or {})
         pairs = {str(k): (str(v[0]), bool(v[1])) for k, v in dict(raw_pairs).items()}
-        lists = (_strings(d.get(k)) for k in ("rules", "missing", "unexpected"))
+        lists = (
+            tuple(cast("Iterable[str]", d.get(k) or ())) for k in ("rules", "missing", "unexpected")
+        )
         return cls(bool(d["ok"]), pairs, *lists)
-
-
-def _strings(value: object) -> tuple[str, ...]:
-    return tuple(cast("Iterable[str]", value or ()))
-
-
-def _shaped(key: str, shape: Shape) -> str:
-    return f"{key} {tuple(shape)}"
 
 
 def _fits(candidate: Shape, reference: Shape) -> tuple[bool, bool]:
@@ -82,7 +68,9 @@ def _fits(candidate: Shape, reference: Shape) -> tuple[bool, bool]:
 
 
 def discover(candidate: Mapping[str, Shape], reference: Mapping[str, Shape]) -> Layout:
-    """The mapping from the candidate's state-dict keys and shapes onto torch.nn's."""
+    """The mapping from the candidate's state-dict keys and shapes onto torch.nn's: ``_extra_state``
+    dropped; a key of torch.nn's with the same (or 2-D transposed) shape maps to itself; the keys
+    left pair up in declaration order when every pair's shapes fit."""
     rules: list[str] = []
     cand = dict(candidate)
     for key in list(cand):
@@ -105,8 +93,8 @@ def discover(candidate: Mapping[str, Shape], reference: Mapping[str, Shape]) -> 
         if not matched:
             return Layout(
                 False,
-                missing=tuple(_shaped(k, reference[k]) for k in rest_r),
-                unexpected=tuple(_shaped(k, cand[k]) for k in rest_c),
+                missing=tuple(f"{k} {tuple(reference[k])}" for k in rest_r),
+                unexpected=tuple(f"{k} {tuple(cand[k])}" for k in rest_c),
             )
         for c, r in zip(rest_c, rest_r, strict=True):
             pairs[r] = (c, _fits(cand[c], reference[r])[1])

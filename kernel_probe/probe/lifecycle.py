@@ -1,15 +1,8 @@
-"""A kernel as training and inference use it (issue 55), for every slot's worker (torch).
-
-The cases beyond a fresh module's first training call, by name (a ``MeasurementRow["cases"]``
-key, judged by ``judge.judge_cases`` with :data:`HINTS`): a second life after an in-place parameter
-update, the forward in eval mode, under ``torch.no_grad()`` and ``torch.inference_mode()``, a
-transposed and a strided view as input, the outputs after ``load_state_dict``. Here is only what
-no slot owns: the names and hints, the seeded in-place update, the inference contexts, the views,
-a copy that keeps an input's layout, and a state dict moved between torch.nn's names and a
-module's. A slot runs its own passes with them (docs/checks.md, "Training and inference").
-
-Import-light: the judge reads the names and hints in the probe's process, which never imports
-torch (tests/kernel_probe/probe/test_parent_torch_free.py); the helpers import it when called.
+"""A kernel as training and inference use it (issue 55): the cases' names and hints, the seeded
+in-place update, the inference contexts, the views, a copy keeping an input's layout, state dicts
+between torch.nn's names and a module's; each slot runs its own passes with them (docs/checks.md,
+"Training and inference"). The probe's process reads the hints without torch: the helpers import
+it when called (tests/kernel_probe/probe/test_parent_torch_free.py).
 """
 
 from __future__ import annotations
@@ -47,7 +40,7 @@ Pairs = Mapping[str, tuple[str, bool]]  # torch.nn's name -> (the module's key, 
 def steps(params: Mapping[str, Any], seed: int) -> dict[str, Any]:
     """One seeded update per torch.nn-named parameter (None: none), in float64 on its device:
     normal, scaled by :data:`STEP` times its RMS; the same for every module given ``params``."""
-    import torch  # the worker's: the probe's process reads the hints without it
+    import torch
 
     gen = torch.Generator().manual_seed(seed)
     out = {}
@@ -63,7 +56,7 @@ def update_in_place(module: Any, deltas: Mapping[str, Any], pairs: Pairs | None 
     """Add each update to the module's parameter in place under no_grad, as ``optimizer.step()``
     does (the same tensor objects, new values); ``pairs``: where the module holds torch.nn's names
     (None: under them, as they are)."""
-    import torch  # the worker's: the probe's process reads the hints without it
+    import torch
 
     own = dict(module.state_dict(keep_vars=True))
     with torch.no_grad():
@@ -80,22 +73,21 @@ def inference(case: str, *modules: Any) -> Iterator[None]:
     """Run inside ``case`` of :data:`INFERENCE`: ``modules`` in eval mode (gradients on, so only
     the mode differs), or under ``torch.no_grad()`` or ``torch.inference_mode()``; each module's
     training flag is restored after."""
-    import torch  # the worker's: the probe's process reads the hints without it
+    import torch
 
+    contexts = {
+        EVAL: contextlib.nullcontext,
+        NO_GRAD: torch.no_grad,
+        INFERENCE_MODE: torch.inference_mode,
+    }
+    if case not in contexts:
+        raise ValueError(f"not an inference case: {case!r}")
     modes = [m.training for m in modules]
     try:
-        if case == EVAL:
-            for m in modules:
-                m.eval()
+        for m in modules if case == EVAL else ():
+            m.eval()
+        with contexts[case]():
             yield
-        elif case == NO_GRAD:
-            with torch.no_grad():
-                yield
-        elif case == INFERENCE_MODE:
-            with torch.inference_mode():
-                yield
-        else:
-            raise ValueError(f"not an inference case: {case!r}")
     finally:
         for m, mode in zip(modules, modes, strict=True):
             m.train(mode)
@@ -106,7 +98,7 @@ def view(case: str, x: Any) -> Any:
     """``x`` (2-D or more) as the view of :data:`VIEWS` named ``case``, with the same values:
     ``transposed``, a 2-D ``.t()`` view (x flattened to rows first); ``strided``, ``[..., ::2]``
     of a twice wider buffer whose gaps hold NaN (a kernel reading them says so)."""
-    import torch  # the worker's: the probe's process reads the hints without it
+    import torch
 
     x = x.detach()
     if case == TRANSPOSED:
@@ -124,7 +116,7 @@ def view(case: str, x: Any) -> Any:
 def fresh_like(x: Any) -> Any:
     """A detached copy of ``x`` with its strides: a view stays a view of a buffer of its own, whose
     gaps hold NaN where its dtype has one (a kernel reading them says so)."""
-    import torch  # the worker's: the probe's process reads the hints without it
+    import torch
 
     x = x.detach()
     if x.is_contiguous():
@@ -140,19 +132,15 @@ def fresh_like(x: Any) -> Any:
 # ---- state dicts between torch.nn's names and a module's ----------------------------------------
 def to_module(state: Mapping[str, Any], pairs: Pairs) -> dict[str, Any]:
     """A torch.nn-named state dict under the module's keys and layout (``pairs``)."""
-    out = {}
-    for name, value in state.items():
-        key, turned = pairs.get(name, (name, False))
-        out[key] = value.t().contiguous() if turned else value
-    return out
+    moved = ((pairs.get(name, (name, False)), value) for name, value in state.items())
+    return {key: value.t().contiguous() if turned else value for (key, turned), value in moved}
 
 
 def to_torch(state: Mapping[str, Any], pairs: Pairs) -> dict[str, Any]:
     """A module's state dict under torch.nn's names and layout (keys ``pairs`` does not map are
     left out: an ``_extra_state``)."""
-    out = {}
-    for name, (key, turned) in pairs.items():
-        if key in state:
-            value = state[key]
-            out[name] = value.t().contiguous() if turned else value
-    return out
+    return {
+        name: state[key].t().contiguous() if turned else state[key]
+        for name, (key, turned) in pairs.items()
+        if key in state
+    }

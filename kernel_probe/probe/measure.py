@@ -1,7 +1,5 @@
-"""What every slot's worker measures with (torch): raw numbers, no verdicts (those are judge's).
-
-Importing and building the candidate, normwise errors against float64 (``compare``), the set-up a
-slot's candidates share in one worker (``SetupCache``), where a check's tensors live.
+"""What every slot's worker measures with (torch): importing and building the candidate, normwise
+errors against float64 (``compare``), the set-up a slot's candidates share (``SetupCache``).
 """
 
 from __future__ import annotations

@@ -79,10 +79,9 @@ def blas_selected(library: str) -> Iterator[str]:
 
 # ---- a layer with parameters that maps one tensor: its float64 maths ----------------------------
 def eps_for(eps: float | None, dtype: Any) -> float:
-    """The eps a norm adds for an input of ``dtype``. An eps of None is torch.nn.RMSNorm's rule as
-    torch computes it: the machine epsilon of its accumulation type (float32's for a float32,
-    bfloat16 or float16 input; measured on torch 2.13, where the documented finfo(x.dtype).eps
-    would be 7.8e-3 for bfloat16), so the float64 reference adds what torch adds."""
+    """The eps a norm adds for an input of ``dtype``; None: torch.nn.RMSNorm's rule as torch 2.13
+    computes it, the machine epsilon of the accumulation type (float32's for a low-precision input,
+    not the documented finfo(x.dtype).eps)."""
     return float(torch.finfo(torch.promote_types(dtype, torch.float32)).eps) if eps is None else eps
 
 
@@ -154,11 +153,8 @@ def load_parameters(module: Any, params: Mapping[str, Any], layout: Layout) -> N
 def gradients(module: Any, layout: Layout) -> dict[str, Any]:
     """The module's parameter gradients under torch.nn's names and layout."""
     own = dict(module.state_dict(keep_vars=True))
-    out = {}
-    for name, (key, turned) in layout.pairs.items():
-        grad = getattr(own[key], "grad", None)
-        out[name] = None if grad is None else (grad.t() if turned else grad).detach()
-    return out
+    grads = {name: (getattr(own[key], "grad", None), t) for name, (key, t) in layout.pairs.items()}
+    return {n: None if g is None else (g.t() if t else g).detach() for n, (g, t) in grads.items()}
 
 
 # ---- the hard inputs, and one forward/backward pass ---------------------------------------------
@@ -335,13 +331,14 @@ def init_difference(candidate: torch.Tensor, reference: torch.Tensor) -> str | N
 def fresh_differences(cand_module: Any, base_module: Any, layout: Layout) -> list[str]:
     """Where a freshly built candidate starts differently from a freshly built torch.nn module."""
     cand_state, base_state = cand_module.state_dict(), base_module.state_dict()
-    out = []
-    for name, (key, turned) in layout.pairs.items():
-        value = cand_state[key]
-        why = init_difference(value.t() if turned else value, base_state[name])
-        if why is not None:
-            out.append(f"{name} {why}")
-    return out
+    whys = (
+        (
+            name,
+            init_difference(cand_state[key].t() if turned else cand_state[key], base_state[name]),
+        )
+        for name, (key, turned) in layout.pairs.items()
+    )
+    return [f"{name} {why}" for name, why in whys if why is not None]
 
 
 # ---- per row, after the cases: determinism, the blocks a norm sits in, the twin -----------------
@@ -367,10 +364,6 @@ def repeatability(bench: Bench, setup: Row, layout: Layout) -> str | None:
     return f"{', '.join(differ)} differ between two runs on the same input" if differ else None
 
 
-def _block(kind: str, norm: Any, linear: Any, x: Any) -> Any:
-    return x + linear(norm(x)) if kind == "pre-norm" else norm(x + linear(x))
-
-
 def blocks(
     bench: Bench, setup: Row, cand: tuple[Any, Layout], base: tuple[Any, Layout]
 ) -> dict[str, Any]:
@@ -392,17 +385,14 @@ def blocks(
 def _block_errors(bench: Bench, setup: Row, kind: str, drawn: tuple, mods: tuple) -> dict:
     """One block's errors, with the candidate (index 0) and torch.nn (index 1), against float64."""
     (w, bias, x, gy), hidden, device = drawn, bench.hidden, bench.torch_device
-    x64 = x.detach().double().requires_grad_(True)
     p64 = setup.params64
     nw = p64["weight"].clone().requires_grad_(True)
     nb = p64["bias"].clone().requires_grad_(True) if p64["bias"] is not None else None
     lw, lb = w.double().to(device), bias.double().to(device)
     semantics, eps = bench.cand.semantics, eps_for(setup.eps, x.dtype)
     norm = functools.partial(reference, semantics, weight=nw, bias=nb, eps=eps)
-    y64 = _block(kind, norm, lambda t: F.linear(t, lw, lb), x64)
-    y64.backward(gy.double())
-    ref = {"y": y64.detach(), "dx": x64.grad, "dweight": nw.grad}
-    ref["dbias"] = nb.grad if nb is not None else None
+    ref = _block_pass(kind, norm, lambda t: F.linear(t, lw, lb), x.double(), gy.double(), None)
+    ref.update(dweight=nw.grad, dbias=nb.grad if nb is not None else None)
     errs: dict[str, list[float]] = {}
     for i, (module, lay) in enumerate(mods):
         linear = torch.nn.Linear(hidden, hidden).to(device=device, dtype=setup.param_dtype)
@@ -411,16 +401,21 @@ def _block_errors(bench: Bench, setup: Row, kind: str, drawn: tuple, mods: tuple
             linear.bias.copy_(bias)
         for p in module.parameters():
             p.grad = None
-        xi = x.detach().clone().requires_grad_(True)
-        with measure.autocasting(setup.autocast):
-            y = _block(kind, module, linear, xi)
-        y.backward(gy)
-        got = {"y": y.detach(), "dx": xi.grad}
+        got = _block_pass(kind, module, linear, x, gy, setup.autocast)
         got.update({f"d{n}": g for n, g in gradients(module, lay).items()})
         for name, r in ref.items():
             if r is not None:
                 errs.setdefault(name, [0.0, 0.0])[i] = measure.rel_err(got.get(name), r)
     return errs
+
+
+def _block_pass(kind: str, norm: Any, linear: Any, x: Any, gy: Any, autocast: Any) -> dict:
+    """The block's forward and backward on a leaf copy of ``x``: y and dx."""
+    x = x.detach().clone().requires_grad_(True)
+    with measure.autocasting(autocast):
+        y = x + linear(norm(x)) if kind == "pre-norm" else norm(x + linear(x))
+    y.backward(gy)
+    return {"y": y.detach(), "dx": x.grad}
 
 
 def twin_check(bench: Bench, setup: Row, mod: Any, layout: Layout) -> dict[str, Any]:

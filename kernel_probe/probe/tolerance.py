@@ -1,13 +1,6 @@
-"""How far from float64 a result may be: the tolerance model, and the check at the timed shapes.
-
-A candidate is judged against torch.nn's own error on the same input, both against one float64
-reference (docs/checks.md):
-
-    tolerance = FACTOR * error(torch.nn) + FLOOR(dtype)        FACTOR = 4, FLOOR = 2 * eps(dtype)
-
-Errors are normwise (max|got - ref| / max|ref|). Each output's RMS and mean signed error (per row
-where row-local) are judged against torch.nn's too (``limits``): rounding is unbiased and a bug
-often is not, so a mean beyond K_SIGMA standard errors of the allowed noise is a bias.
+"""How far from float64 a result may be (docs/checks.md): against torch.nn's own normwise error on
+the same input, ``tolerance = FACTOR * error(torch.nn) + FLOOR(dtype)``; RMS and mean signed error
+likewise (``limits``); and the check at the timed shapes.
 """
 
 from __future__ import annotations
