@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..errors import LockFormatError
+from ..tables import nearest
 from . import activation, attention, gated_mlp, linear, norms
 from .base import (
     DTYPES,
@@ -130,8 +131,6 @@ def confusable(semantics: str) -> str:
 
 def slot_name_fix(name: str) -> str:
     """The fix for an unknown slot ``name``: the slot it misspells, and the list of them."""
-    from ..tables import nearest
-
     near, known = nearest(name, SPECS), f"known slots: {', '.join(SPECS)}"
     if near is not None and near.lower() == str(name).lower():
         return f"did you mean {near!r}? slot names are case-sensitive"

@@ -15,10 +15,14 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from kernel_lock.trust import anemoi_flash_generation
+from kernel_probe.anemoi import children
+from kernel_probe.anemoi.children import _fill_missing, closest_members
 from kernel_probe.anemoi.config import classify, group_member, load_config, mappings_where
 from kernel_probe.anemoi.grids import GraphSizes, dataset_name, graph_sizes
 from kernel_probe.anemoi.reading import SEARCH_ROOTS, packaged_dir
 from kernel_probe.errors import InputFileError
+from kernel_probe.isolation.protocol import ComposeReply, ComposeRequest
 
 # anemoi-training's test variables (a dataset's prognostic variables are the dataset's own)
 ASSUMED_PROGNOSTIC = ("10u", "10v", "2t", "msl", "t_850", "z_500")
@@ -84,9 +88,6 @@ def composed(config: str) -> Any:
     composes it: an OmegaConf DictConfig, interpolations unresolved."""
     from omegaconf import OmegaConf, open_dict  # reason: Hydra, in the child
 
-    from kernel_probe.anemoi import children  # reason: Hydra's composition, in the child
-    from kernel_probe.isolation.protocol import ComposeReply, ComposeRequest
-
     where, name, overrides, model = _where_to_compose(config)
     request = ComposeRequest(
         config_dir=str(where), config_name=name, overrides=tuple(overrides), trusted=SEARCH_ROOTS
@@ -110,8 +111,6 @@ def validated(cfg: Any, config: str) -> Any:
     """``cfg`` as anemoi-training's trainer sees it: ``???`` filled, resolved, and through
     ``BaseSchema`` where ``config_validation`` is on."""
     from omegaconf import OmegaConf  # reason: Hydra, in the child
-
-    from kernel_probe.anemoi.children import _fill_missing, closest_members
 
     _fill_missing(cfg, (), [])
     try:
@@ -165,8 +164,6 @@ def variables(dataset: Mapping[str, Any], dataset_path: str) -> list[str]:
 
 def sdpa_where_no_flash(cfg: Any) -> None:
     """Every ``flash_attention`` component set to anemoi's SDPA where flash-attn does not import."""
-    from kernel_lock.trust import anemoi_flash_generation
-
     if anemoi_flash_generation() is not None:
         return
     for where, comp in list(mappings_where(cfg, lambda m: "attention_implementation" in m)):
@@ -245,7 +242,7 @@ def build(config: str) -> tuple[Any, tuple[Any, ...], dict[str, Any]]:
     from anemoi.models.interface import AnemoiModelInterface
     from anemoi.models.utils.config import get_multiple_datasets_config
 
-    from kernel_probe.anemoi import meta_graph
+    from kernel_probe.anemoi import meta_graph  # reason: numpy and torch, in the child
 
     cfg = validated(composed(config), config)
     sdpa_where_no_flash(cfg)
@@ -308,7 +305,7 @@ def attention_through_the_slot(model: Any) -> None:
     import torch  # reason: torch and anemoi in the child only
     from anemoi.models.layers.attention import MultiHeadSelfAttention
 
-    from kernel_lock.attention import SDPAttention
+    from kernel_lock.attention import SDPAttention  # reason: torch, in the child
 
     class Through(torch.nn.Module):
         """anemoi's call of its attention backend, made of the slot's module."""

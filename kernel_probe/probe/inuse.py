@@ -42,7 +42,7 @@ Forward = tuple[Any, Any, measure.Side]  # an input, the reference output, torch
 
 def prepare(bench: Bench, setup: Row, base: tuple[Any, Layout]) -> Later:
     """torch.nn's later cases (``base``: its module and layout)."""
-    from kernel_probe.probe.correctness import _baseline
+    from kernel_probe.probe.correctness import _baseline  # a cycle: correctness imports inuse
 
     setup = dataclasses.replace(setup, gen=torch.Generator().manual_seed(bench.seed + SEED))
     views = tuple((v, _input(bench, setup, v, base)) for v in lifecycle.VIEWS)
@@ -83,7 +83,7 @@ def _forward_input(bench: Bench, setup: Row) -> tuple[Any, Any]:
 
 def _input(bench: Bench, setup: Row, name: str, base: tuple[Any, Layout]) -> Any:
     """One input of a later case (a view for a view's), torch.nn's pass and the reference on it."""
-    from kernel_probe.probe.correctness import _prepared
+    from kernel_probe.probe.correctness import _prepared  # a cycle: correctness imports inuse
 
     gen, device = setup.gen, bench.torch_device
     x = (torch.randn(ROWS, bench.hidden, generator=gen) + 0.2).to(device, setup.dtype)
@@ -152,7 +152,7 @@ def _run(
     bench: Bench, setup: Row, name: str, p: Prepared, candidate: tuple, row: MeasurementRow
 ) -> None:
     """One later case with a forward and backward, into ``row`` (its flags too)."""
-    from kernel_probe.probe.correctness import _measure_case
+    from kernel_probe.probe.correctness import _measure_case  # a cycle: correctness imports inuse
 
     case = onetensor.Case(name, [p.x])
     errs, stats, _ = _measure_case(bench, setup, case, (p,), candidate, row["flags"])
