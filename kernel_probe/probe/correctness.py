@@ -357,17 +357,19 @@ def _measure_case(
         assert p.base is not None and p.ref is not None
         for name, (g, b, r) in _compared(got, p.base, p.ref, case.residual).items():
             if r is None:
-                _worst(errs, name, measure.rel_err(g, r), measure.rel_err(b, r))
+                measure.worst_errors(errs, name, measure.rel_err(g, r), measure.rel_err(b, r))
                 continue
             # per row for an output and its input gradients, per tensor for a parameter's
             maxima, row_stats = measure.compare(
                 g, b, r, rows=name not in PARAMETER_GRADIENTS, base_side=p.base_sides[name]
             )
-            _worst(errs, name, *maxima)
+            measure.worst_errors(errs, name, *maxima)
             measure.worst_stats(stats, name, row_stats)
         alt = confusable(bench.cand.semantics)
         if alt and case.name in ALT_CASES:  # the tolerance basis: torch.nn on its own maths
-            _worst(errs, protocol.alt_key(alt), _alt_error(alt, p.x, got["y"], setup), p.base_alt)
+            measure.worst_errors(
+                errs, protocol.alt_key(alt), _alt_error(alt, p.x, got["y"], setup), p.base_alt
+            )
         _flag(flags, case.name, got, p.base, p.x)
         out_dtype = measure.dtype_name(got["y"].dtype)
     return errs, stats, out_dtype
@@ -387,13 +389,6 @@ def _compared(
     if residual:
         pairs["dskip"] = (got["skip_grad"], base["skip_grad"], ref["skip"])
     return pairs
-
-
-def _worst(errs: dict[str, list[float]], name: str, got: float, base: float) -> None:
-    """Keep the worst [candidate, torch.nn] error of ``name`` over a case's inputs."""
-    e = errs.setdefault(name, [0.0, 0.0])
-    e[0] = max(e[0], got)
-    e[1] = max(e[1], base)
 
 
 def _alt_error(alt: str, x: Any, y: Any, setup: Row) -> float:
@@ -421,14 +416,9 @@ def _flag(
         )
 
 
-def try_once(cand: Candidate, slot: str, device: str) -> dict[str, Any]:
-    """On a device it does not declare: build the candidate and run it once, to say how it fails."""
+def tiny_call(cand: Candidate, slot: str, device: str) -> None:
+    """One tiny forward and backward (``Slot.try_once``: what it raises says why it cannot run)."""
     tdev = torch_device(device)
     canonical = canonical_for(slot, hidden=64, out_features=64, device=tdev)
-    try:
-        mod = measure.build(cand, canonical, tdev, torch.float32)
-        x = torch.randn(4, 64, device=tdev)
-        mod(x).sum().backward()
-    except Exception as exc:
-        return {"ran": False, "error": measure.first_line(exc, 500)}
-    return {"ran": True}
+    mod = measure.build(cand, canonical, tdev, torch.float32)
+    mod(torch.randn(4, 64, device=tdev)).sum().backward()

@@ -13,7 +13,6 @@ from __future__ import annotations
 import functools
 import importlib
 import math
-import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -219,10 +218,9 @@ def _errors(
 def _row(fn: Attend, device: str, dtype_name: str, seed: int) -> MeasurementRow:
     import torch  # the worker's
 
-    from kernel_probe.probe.measure import first_line, nondeterminism, torch_dtype  # torch
+    from kernel_probe.probe.measure import measuring, nondeterminism, torch_dtype  # torch
 
     row: MeasurementRow = {"dtype": dtype_name, "regime": "true"}
-    start = time.perf_counter()
     dtype = torch_dtype(dtype_name)
     gen = torch.Generator().manual_seed(seed)
     edge_index = check_graph(gen)
@@ -230,7 +228,7 @@ def _row(fn: Attend, device: str, dtype_name: str, seed: int) -> MeasurementRow:
     ei = edge_index.to(device)
     errors: dict[str, dict[str, list[float]]] = {}
     stats: dict[str, dict[str, ErrorStats]] = {}
-    try:
+    with measuring(row):
         for case in cases(gen, NODES, edge_index.shape[1]):
             low = case.to(dtype, device)
             got = _grads(fn, low, ei, size)
@@ -240,11 +238,7 @@ def _row(fn: Attend, device: str, dtype_name: str, seed: int) -> MeasurementRow:
             errors[case.name], stats[case.name] = _errors(got, base, ref, case.vanishing)
             if case.name == "random":  # determinism: the same fwd+bwd again, bitwise
                 row["nondeterministic"] = nondeterminism(got, _grads(fn, low, ei, size), OUTPUTS)
-    except Exception as exc:
-        row["exception"] = first_line(exc, 400)
-        return row
-    row["cases"], row["stats"], row["flags"] = errors, stats, {}
-    row["seconds"] = time.perf_counter() - start
+        row["cases"], row["stats"], row["flags"] = errors, stats, {}
     return row
 
 

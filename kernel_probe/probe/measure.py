@@ -16,7 +16,7 @@ import torch
 
 from kernel_lock.slots import torch_device
 from kernel_probe.candidates import Candidate, fill
-from kernel_probe.isolation.protocol import CheckReply, ErrorStats, ImportKind
+from kernel_probe.isolation.protocol import CheckReply, ErrorStats, ImportKind, MeasurementRow
 
 T = TypeVar("T")
 Side = tuple[float, float, float, float]  # one implementation's (max, RMS, bias, sd) errors, worst
@@ -82,9 +82,9 @@ def twin_candidate(cand: Candidate, slot: str, args: tuple[Any, ...] = ()) -> Ca
     )
 
 
-def no_twin() -> dict[str, Any]:
-    """A twin check's record for a candidate that declares no twin."""
-    return {"state_dict": "incompatible", "reason": "no twin declared"}
+def incompatible(reason: str = "no twin declared") -> dict[str, Any]:
+    """A twin check's record where the twin cannot stand in for the candidate: why."""
+    return {"state_dict": "incompatible", "reason": reason}
 
 
 # ---- the set-up a slot's candidates share ------------------------------------------------------
@@ -186,6 +186,13 @@ def _side(t: Any, ref: Any, scale: float, rows: bool) -> Side:
     return (float(worst.max().item()), *(float(v.max().item()) for v in (rms, bias, sd)))  # type: ignore[return-value]
 
 
+def worst_errors(errs: dict[str, list[float]], name: str, got: float, base: float) -> None:
+    """Keep the worst [candidate, torch's] error of ``name`` over several inputs of one case."""
+    e = errs.setdefault(name, [0.0, 0.0])
+    e[0] = max(e[0], got)
+    e[1] = max(e[1], base)
+
+
 def worst_stats(into: dict[str, ErrorStats], name: str, stats: ErrorStats) -> None:
     """Keep, per statistic and implementation, the worst over several inputs of one case."""
     have = into.get(name)
@@ -204,6 +211,28 @@ def nondeterminism(a: Mapping[str, Any], b: Mapping[str, Any], names: Sequence[s
         return None
     spread = max(float((a[n].double() - b[n].double()).abs().max()) for n in names)
     return f"two identical fwd+bwd differ by up to {spread:.3g}"
+
+
+class Refused(Exception):
+    """The candidate refused these inputs: the message is all of the reason (a row's exception)."""
+
+
+@contextlib.contextmanager
+def measuring(
+    row: MeasurementRow, failed: Callable[[MeasurementRow, Exception], None] | None = None
+) -> Iterator[None]:
+    """A row's measurements, then its ``seconds``; what they raise ends them as ``failed`` records
+    it, by default as the row's ``exception`` (a refusal's reason, else the first line)."""
+    start = time.perf_counter()
+    try:
+        yield
+    except Exception as exc:
+        if failed is not None:
+            failed(row, exc)
+        else:
+            row["exception"] = str(exc) if isinstance(exc, Refused) else first_line(exc, 400)
+        return
+    row["seconds"] = time.perf_counter() - start
 
 
 # ---- where and how a check runs ----------------------------------------------------------------

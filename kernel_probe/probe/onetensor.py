@@ -424,7 +424,7 @@ def twin_check(bench: Bench, setup: Row, mod: Any, layout: Layout) -> dict[str, 
     args = cand.args if cand.args != ("$hidden",) else ("$normalized_shape",)
     twin_cand = measure.twin_candidate(cand, bench.slot, args)
     if twin_cand is None:
-        return measure.no_twin()
+        return measure.incompatible()
     device, canonical = bench.torch_device, setup.canonical
     twin = measure.build(twin_cand, canonical, device, setup.param_dtype)
     rules = [parse_rule(r) for r in layout.rules]
@@ -432,7 +432,7 @@ def twin_check(bench: Bench, setup: Row, mod: Any, layout: Layout) -> dict[str, 
     try:
         twin.load_state_dict(migrated, strict=True)
     except Exception as exc:
-        return {"state_dict": "incompatible", "reason": f"{type(exc).__name__}: {str(exc)[:300]}"}
+        return measure.incompatible(f"{type(exc).__name__}: {str(exc)[:300]}")
     x = torch.randn(CHECK_ROWS, canonical["normalized_shape"], generator=setup.gen) + 0.3
     x = x.to(device, setup.dtype)
     with torch.no_grad(), measure.autocasting(setup.autocast):

@@ -5,7 +5,6 @@ computes (``identify``), and its rows against that (``approx_cases``); its timin
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -206,10 +205,9 @@ def _row(
     cand: Candidate, mod: Any, function: str, computes: str, dtype_name: str, regime: str, seed: int
 ) -> MeasurementRow:
     row: MeasurementRow = {"dtype": dtype_name, "regime": regime}
-    start = time.perf_counter()
     dtype = measure.torch_dtype(dtype_name)
     gen = torch.Generator().manual_seed(seed)
-    try:
+    with measure.measuring(row, _failed):
         xs = cases(dtype, gen)
         gos = {
             n: torch.randn(x.shape, generator=gen, dtype=torch.float64).to(x) for n, x in xs.items()
@@ -229,16 +227,17 @@ def _row(
             a, b = (_run(build(cand), xs["random"], gos["random"]) for _ in range(2))
         row["nondeterministic"] = measure.nondeterminism(a, b, OUTPUTS)
         row["flags"] = flags
-    except Exception as exc:
-        row.pop("cases", None)
-        row.pop("stats", None)
-        if isinstance(exc, NotElementwise):
-            row["flags"] = {FLAG_NOT_ELEMENTWISE: str(exc)}
-        else:
-            row["exception"] = measure.first_line(exc, 400)
-        return row
-    row["seconds"] = time.perf_counter() - start
     return row
+
+
+def _failed(row: MeasurementRow, exc: Exception) -> None:
+    """A row that raised: no errors; not elementwise is a flag, anything else its exception."""
+    row.pop("cases", None)
+    row.pop("stats", None)
+    if isinstance(exc, NotElementwise):
+        row["flags"] = {FLAG_NOT_ELEMENTWISE: str(exc)}
+    else:
+        row["exception"] = measure.first_line(exc, 400)
 
 
 def build(cand: Candidate) -> Any:
@@ -252,7 +251,7 @@ def _twin(cand: Candidate, mod: Any, gen: torch.Generator) -> dict[str, Any]:
     whether the state dicts interchange."""
     twin_cand = measure.twin_candidate(cand, "Activation")
     if twin_cand is None:
-        return measure.no_twin()
+        return measure.incompatible()
     try:
         twin = build(twin_cand)
         x = torch.randn(ROWS, WIDTH, generator=gen, dtype=torch.float64).float()
@@ -260,8 +259,7 @@ def _twin(cand: Candidate, mod: Any, gen: torch.Generator) -> dict[str, Any]:
         go = torch.randn_like(x)
         a, b = _run(mod, x, go), _run(twin, x, go)
     except Exception as exc:
-        why = f"the twin raised {measure.first_line(exc, 300)}"
-        return {"state_dict": "incompatible", "reason": why}
+        return measure.incompatible(f"the twin raised {measure.first_line(exc, 300)}")
     mine, theirs = mod.state_dict(), twin.state_dict()
     same = set(mine) == set(theirs) and all(mine[k].shape == theirs[k].shape for k in mine)
     worst = max(measure.rel(a[n], b[n], float(b[n].double().abs().max()) or 1.0) for n in OUTPUTS)
@@ -340,6 +338,5 @@ def time_candidate(
 
 def tiny_call(cand: Candidate, device: str) -> None:
     """One tiny forward and backward (``Slot.try_once``: what it raises says why it cannot run)."""
-    with measure.on_device(device):
-        mod = build(cand)
-        mod(torch.randn(4, 16, device=torch_device(device), requires_grad=True)).sum().backward()
+    mod = build(cand)
+    mod(torch.randn(4, 16, device=torch_device(device), requires_grad=True)).sum().backward()

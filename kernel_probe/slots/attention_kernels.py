@@ -138,13 +138,9 @@ def build(cand: Candidate, values: Mapping[str, Any], **override: Any) -> Any:
     return cls(*[fill(a, values) for a in cand.args], **kwargs)
 
 
-class _Refused(Exception):
-    """The candidate raised on these inputs: its reason (torch's warnings first)."""
-
-
 @contextlib.contextmanager
 def _refusals() -> Iterator[None]:
-    """What the block raises, raised again as ``_Refused`` with torch's reason."""
+    """What the block raises, raised again as ``measure.Refused`` with torch's reasons first."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
@@ -154,7 +150,7 @@ def _refusals() -> Iterator[None]:
             # used because:", "Both fused kernels do not support non-zero dropout.")
             notes = [str(w.message).split(" (Triggered internally")[0] for w in caught]
             notes = [n for n in dict.fromkeys(notes) if n and "kernel" in n]
-            raise _Refused("; ".join([*notes, measure.first_line(exc, 300)])) from exc
+            raise measure.Refused("; ".join([*notes, measure.first_line(exc, 300)])) from exc
 
 
 def _call(mod: Any, q: Any, k: Any, v: Any, opts: Options) -> Any:
@@ -260,13 +256,12 @@ def _row(cand: Candidate, values: Mapping, name: str, regime: str, seed: int, sh
         base, fused, ref = sides[n]
         return _errors(got, [base, fused], ref, case.vanishing)
 
-    start = time.perf_counter()
     dtype = measure.torch_dtype(name)
     gen = torch.Generator().manual_seed(seed)
     errors: dict[str, Any] = {}
     stats: dict[str, Any] = {}
     flags: dict[str, str] = {}
-    try:
+    with measure.measuring(row):  # a refusal's exception says torch's reasons
         _cases(cand, values, measured, dtype, gen, (errors, stats, flags))
         # determinism: the same fwd+bwd twice, bitwise, each on a fresh instance (never copied)
         opts = Options.of(values)
@@ -274,11 +269,7 @@ def _row(cand: Candidate, values: Mapping, name: str, regime: str, seed: int, sh
         got, again = (_run(_training(build(cand, values), values), random, opts) for _ in "ab")
         row["nondeterministic"] = measure.nondeterminism(got, again, OUTPUTS)
         row["twin"] = _twin(cand, values, random, got)
-    except Exception as exc:  # a refusal says torch's reasons
-        row["exception"] = str(exc) if isinstance(exc, _Refused) else measure.first_line(exc, 400)
-        return row
-    row["cases"], row["stats"], row["flags"] = errors, stats, flags
-    row["seconds"] = time.perf_counter() - start
+        row["cases"], row["stats"], row["flags"] = errors, stats, flags
     return row
 
 
@@ -327,12 +318,11 @@ def _twin(cand: Candidate, values: Mapping, case: Case, got: Mapping) -> dict[st
     """The twin (torch's SDPA, the same options) on the same input: the largest difference."""
     twin_cand = measure.twin_candidate(cand, "Attention")
     if twin_cand is None:
-        return measure.no_twin()
+        return measure.incompatible()
     try:
         twin = _run(build(twin_cand, values).eval(), case, Options.of(values))
     except Exception as exc:
-        why = f"the twin raised {measure.first_line(exc, 300)}"
-        return {"state_dict": "incompatible", "reason": why}
+        return measure.incompatible(f"the twin raised {measure.first_line(exc, 300)}")
     worst = max(rel(got[n], twin[n]) for n in OUTPUTS)
     return {"state_dict": "interchangeable", "max_error": worst}
 
@@ -372,7 +362,9 @@ def _capability(
         with _refusals():
             got = _call(mod, case.q, case.k, case.v, opts).detach()
     except Exception as exc:  # a refusal says torch's reasons
-        return f"raises: {exc if isinstance(exc, _Refused) else measure.first_line(exc, 300)}"
+        return (
+            f"raises: {exc if isinstance(exc, measure.Refused) else measure.first_line(exc, 300)}"
+        )
     tol = 4 * rel(math_path(case.q, case.k, case.v, opts), with_it) + 1e-5
     if rel(got, with_it) <= tol:
         return "honoured"
@@ -395,7 +387,9 @@ def _dropout(cand: Candidate, values: Mapping[str, Any], case: Case) -> str:
             mod.eval()
             plain = mod(case.q, case.k, case.v).detach()
     except Exception as exc:  # a refusal says torch's reasons
-        return f"raises: {exc if isinstance(exc, _Refused) else measure.first_line(exc, 300)}"
+        return (
+            f"raises: {exc if isinstance(exc, measure.Refused) else measure.first_line(exc, 300)}"
+        )
     ref = explicit(case.q.double(), case.k.double(), case.v.double(), Options())
     if rel(plain, ref) > 1e-4:
         return f"wrong (eval mode with dropout set is off by {rel(plain, ref):.3g})"
@@ -427,10 +421,9 @@ def check(
 
 def tiny_call(cand: Candidate, device: str) -> None:
     """One tiny forward and backward (``Slot.try_once``: what it raises says why it cannot run)."""
-    with measure.on_device(device):
-        mod = build(cand, canonical_options(None))
-        q = torch.randn(1, 2, 8, 32, device=torch_device(device), requires_grad=True)
-        mod(q, q, q).sum().backward()
+    mod = build(cand, canonical_options(None))
+    q = torch.randn(1, 2, 8, 32, device=torch_device(device), requires_grad=True)
+    mod(q, q, q).sum().backward()
 
 
 def too_long(mod: Any, g: Any, dtype: Any, calls: int) -> None:

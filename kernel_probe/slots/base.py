@@ -286,11 +286,13 @@ class Slot:
         """One tiny forward and backward on a device the candidate does not declare."""
         from kernel_probe.probe import correctness, measure  # torch: in the worker only
 
-        if not self.kernels:
-            return correctness.try_once(cand, self.name, device)
-        tiny_call = importlib.import_module(self.kernels).tiny_call
+        own = importlib.import_module(self.kernels) if self.kernels else None
         try:
-            tiny_call(cand, device)
+            with measure.on_device(device):
+                if own is not None:
+                    own.tiny_call(cand, device)
+                else:
+                    correctness.tiny_call(cand, self.name, device)
         except Exception as exc:
             return {"ran": False, "error": measure.first_line(exc, 500)}
         return {"ran": True}

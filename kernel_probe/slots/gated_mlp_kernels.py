@@ -6,7 +6,6 @@ trip; its timing."""
 from __future__ import annotations
 
 import math
-import time
 import types
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -164,7 +163,6 @@ def _row(
     autocast = (tdev, dtype) if regime == "mixed" else None
     function = gate_for(values["mlp_implementation"]).function
     gen = torch.Generator().manual_seed(0)
-    start = time.perf_counter()
     try:
         mod = measure.build(cand, values, tdev, param_dtype)
     except Exception as exc:
@@ -180,7 +178,7 @@ def _row(
     run.mods = tuple(run.load(m, params, tdev) for m in (mod, own_layer(values)[0]))
     # the reference from the parameters as the candidate holds them (rounded), on the CPU
     run.held = {k: t.to(param_dtype).to(torch.float64) for k, t in params.items()}
-    try:
+    with measure.measuring(row):
         for case in FIRST:
             x, ys = run.case(case, scale=3.0 if case == "wide-gate" else 1.0)
             if case == "random":
@@ -190,11 +188,7 @@ def _row(
         for case in lifecycle.VIEWS:
             small.case(case)
         _in_use(small, cand)
-    except Exception as exc:
-        row["exception"] = measure.first_line(exc, 400)
-        return row
-    row["twin"] = _twin(cand, values, run.mods[0], x, autocast)
-    row["seconds"] = time.perf_counter() - start
+        row["twin"] = _twin(cand, values, run.mods[0], x, autocast)
     return row
 
 
@@ -265,8 +259,7 @@ class _Run:
         have = self.row["cases"].setdefault(name, {})
         have_stats = self.row["stats"].setdefault(name, {})
         for tensor, (got, theirs) in errors.items():
-            old = have.get(tensor, [0.0, 0.0])
-            have[tensor] = [max(old[0], got), max(old[1], theirs)]
+            measure.worst_errors(have, tensor, got, theirs)
             measure.worst_stats(have_stats, tensor, stats[tensor])
 
 
@@ -338,7 +331,7 @@ def _twin(
 ) -> dict[str, Any]:
     """The portable twin loaded with the candidate's state dict (strict): how far apart."""
     if not cand.twin_target:
-        return measure.no_twin()
+        return measure.incompatible()
     try:
         cls = measure.import_class(cand.twin_target)
         twin = cls(values["in_features"], values["out_features"], **cand.pinned_twin_kwargs(values))
@@ -347,7 +340,7 @@ def _twin(
         with torch.no_grad(), measure.autocasting(autocast):
             a, b = mod(x), twin(x)
     except Exception as exc:
-        return {"state_dict": "incompatible", "reason": measure.first_line(exc, 300)}
+        return measure.incompatible(measure.first_line(exc, 300))
     return {"state_dict": "interchangeable", "max_error": measure.rel_err(a, b.to(torch.float64))}
 
 

@@ -22,10 +22,11 @@ from kernel_probe.isolation.protocol import (
     FLAG_INPUT_MODIFIED,
     FLAG_OUTPUT_DTYPE,
 )
-from kernel_probe.probe import correctness, onetensor
-from kernel_probe.probe.correctness import Bench, Row, check, try_once
+from kernel_probe.probe import correctness, measure, onetensor
+from kernel_probe.probe.correctness import Bench, Row, check
 from kernel_probe.probe.layout import discover
 from kernel_probe.probe.onetensor import BlasNotOffered
+from kernel_probe.slots import slot
 
 HIDDEN = 16
 
@@ -256,7 +257,7 @@ def test_the_fresh_builds_are_seeded_whatever_ran_before():
 def test_worst_keeps_each_sides_maximum(pairs, worst):
     errs: dict[str, list[float]] = {"other": [9.0, 9.0]}
     for got, base in pairs:
-        correctness._worst(errs, "y", got, base)
+        measure.worst_errors(errs, "y", got, base)
     assert errs == {"other": [9.0, 9.0], "y": worst}
 
 
@@ -334,11 +335,11 @@ def test_the_other_norms_error_takes_the_closer_of_with_and_without_bias():
 
 # ---- try_once ------------------------------------------------------------------------------------
 def test_try_once_runs_a_tiny_forward_and_backward():
-    assert try_once(cands.default_for("LayerNorm"), "LayerNorm", "cpu") == {"ran": True}
+    assert slot("LayerNorm").try_once(cands.default_for("LayerNorm"), "cpu") == {"ran": True}
 
 
 def test_try_once_says_why_it_cannot_run():
-    result = try_once(offered("LayerNorm=kp_zoo.norms.GoodLinear"), "LayerNorm", "cpu")
+    result = slot("LayerNorm").try_once(offered("LayerNorm=kp_zoo.norms.GoodLinear"), "cpu")
     assert result["ran"] is False and result["error"].startswith("TypeError: ")
     assert "\n" not in result["error"] and len(result["error"]) <= 500
 
