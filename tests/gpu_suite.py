@@ -105,16 +105,15 @@ def timings(
             with pool.worker_for(r.candidate) as worker:
                 for precision in TIMED:
                     dtype, regime = PRECISIONS[precision]
-                    request: TimeRequest = {
-                        "op": "time",
-                        "candidate": r.candidate.to_json(),
-                        "slot": r.slot,
-                        "device": device,
-                        "shapes": (shape,),
-                        "dtype": dtype,
-                        "regime": regime,
-                        "options": {"reps": 10, "warmup": 3, "min_seconds": 0.0},
-                    }
+                    request = TimeRequest(
+                        candidate=r.candidate.to_json(),
+                        slot=r.slot,
+                        device=device,
+                        shapes=(shape,),
+                        dtype=dtype,
+                        regime=regime,
+                        options={"reps": 10, "warmup": 3, "min_seconds": 0.0},
+                    )
                     reply = worker.call(request, TIMING_TIMEOUT)
                     assert not reply.tampered, (r.id, reply.tampered)
                     out.setdefault(r.id, {})[precision] = dict(reply.rows[0])
@@ -189,17 +188,16 @@ def attention(device: str, geometry: str, *, timeout: float = 120.0) -> dict[str
                 continue
             with pool.worker_for(r.candidate) as worker:
                 for dtype, regime in ATTENTION_ROWS:
-                    request: TimeRequest = {
-                        "op": "time",
-                        "candidate": r.candidate.to_json(),
-                        "slot": ATTENTION,
-                        "device": device,
-                        "shapes": (geometry,),
-                        "dtype": dtype,
-                        "regime": regime,
-                        "canonical": dict(canon[ATTENTION]) if canon else {},
-                        "options": ATTENTION_TIMING,
-                    }
+                    request = TimeRequest(
+                        candidate=r.candidate.to_json(),
+                        slot=ATTENTION,
+                        device=device,
+                        shapes=(geometry,),
+                        dtype=dtype,
+                        regime=regime,
+                        canonical=dict(canon[ATTENTION]) if canon else {},
+                        options=ATTENTION_TIMING,
+                    )
                     reply = worker.call(request, TIMING_TIMEOUT)
                     assert not reply.tampered, (r.id, reply.tampered)
                     row = dict(reply.rows[0])
@@ -269,17 +267,16 @@ def gated_mlp(device: str, *, smoke: bool, timeout: float = 120.0) -> dict[str, 
                 if r.status != "accepted" or r.candidate is None:
                     continue
                 with pool.worker_for(r.candidate) as worker:
-                    request: TimeRequest = {
-                        "op": "time",
-                        "candidate": r.candidate.to_json(),
-                        "slot": GATED_MLP,
-                        "device": device,
-                        "shapes": (shape,),
-                        "dtype": timed_dtype,
-                        "regime": timed_regime,
-                        "canonical": dict(canon[GATED_MLP]),
-                        "options": GATED_TIMING,
-                    }
+                    request = TimeRequest(
+                        candidate=r.candidate.to_json(),
+                        slot=GATED_MLP,
+                        device=device,
+                        shapes=(shape,),
+                        dtype=timed_dtype,
+                        regime=timed_regime,
+                        canonical=dict(canon[GATED_MLP]),
+                        options=GATED_TIMING,
+                    )
                     reply = worker.call(request, TIMING_TIMEOUT)
                     assert not reply.tampered, (r.id, reply.tampered)
                     entry["timing"] = dict(reply.rows[0])
