@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import time
+import typing
 from collections.abc import Callable
 from typing import Any
 
@@ -122,15 +123,10 @@ def _time(request: TimeRequest, emit: Progress) -> Reply:
     )
 
 
-# each request class's handler (``protocol.REQUESTS``: each op's request class, naming its reply)
+# each op's handler, by the request class it takes (``protocol.REQUESTS``: op -> that class)
+_HANDLERS = (_ping, _fingerprint, _import, _check, _try, _time, _graph_attention)
 OPS: dict[type[Request], Callable[[Any, Progress], Reply]] = {
-    PingRequest: _ping,
-    FingerprintRequest: _fingerprint,
-    ImportRequest: _import,
-    CheckRequest: _check,
-    TryRequest: _try,
-    TimeRequest: _time,
-    GraphAttentionRequest: _graph_attention,
+    typing.get_type_hints(handler)["request"]: handler for handler in _HANDLERS
 }
 
 

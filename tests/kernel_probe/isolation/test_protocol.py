@@ -11,6 +11,7 @@ import pytest
 from kernel_probe.candidates import Candidate, default_for
 from kernel_probe.isolation import protocol as p
 from kernel_probe.isolation import worker
+from kernel_probe.probe import handlers
 
 CAND = default_for("LayerNorm")
 
@@ -126,6 +127,7 @@ def test_every_op_has_one_request_class_naming_its_reply():
     for op, kind in p.REQUESTS.items():  # each names its op and its required fields
         assert kind.op == op and issubclass(kind.reply, p.Reply) and kind.__name__
         assert all(isinstance(name, str) for name in _required(kind))
+    assert set(handlers.OPS) == set(p.REQUESTS.values())  # and each has its handler
 
 
 @pytest.mark.parametrize("request_", SAMPLES, ids=_name)
