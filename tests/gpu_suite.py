@@ -38,12 +38,16 @@ from typing import Any
 
 from kernel_lock.slots import PRECISIONS, SLOTS
 from kernel_probe.candidates import Candidate, registry
+from kernel_probe.isolation.protocol import TimeRequest
+from kernel_probe.isolation.worker import Worker, WorkerPool
 from kernel_probe.probe.check import check_all, dtype_plan
+from kernel_probe.probe.limits import TIMING_TIMEOUT
 from kernel_probe.probe.report import Report
 
 # float32, bf16-true, bf16-mixed: the precision regimes a model trains in
 ROWS = dtype_plan(["float32", "bfloat16"])
 TIMED = ("32-true", "bf16-true", "bf16-mixed")
+TIMING = {"reps": 10, "warmup": 3, "min_seconds": 0.0}
 IN_PLACE_ID = "liger.rms_norm.in_place"
 
 # the attention part: anemoi's O96 processor (16 heads of 128 over 40,320 nodes, its presets' 512
@@ -78,8 +82,6 @@ def verdicts(
     device: str, arch: str, cands: list[Candidate], *, timeout: float = 120.0
 ) -> dict[str, Report]:
     """Every candidate checked in every row of ``ROWS`` (torch.compile included), by id."""
-    from kernel_probe.isolation.worker import WorkerPool
-
     with WorkerPool() as pool:
         reports = check_all(
             SLOTS, cands, device, ROWS, arch=arch, with_compile=True, timeout=timeout, workers=pool
@@ -92,10 +94,6 @@ def timings(
 ) -> dict[str, dict[str, dict[str, Any]]]:
     """Each accepted candidate timed at ``shape`` in every precision of ``TIMED``: id -> precision
     -> row."""
-    from kernel_probe.isolation.protocol import TimeRequest
-    from kernel_probe.isolation.worker import WorkerPool
-    from kernel_probe.probe.limits import TIMING_TIMEOUT
-
     out: dict[str, dict[str, dict[str, Any]]] = {}
     with WorkerPool() as pool:
         pool.prepare()
@@ -104,21 +102,38 @@ def timings(
                 continue
             with pool.worker_for(r.candidate) as worker:
                 for precision in TIMED:
-                    dtype, regime = PRECISIONS[precision]
-                    request: TimeRequest = {
-                        "op": "time",
-                        "candidate": r.candidate.to_json(),
-                        "slot": r.slot,
-                        "device": device,
-                        "shapes": (shape,),
-                        "dtype": dtype,
-                        "regime": regime,
-                        "options": {"reps": 10, "warmup": 3, "min_seconds": 0.0},
-                    }
-                    reply = worker.call(request, TIMING_TIMEOUT)
-                    assert not reply.tampered, (r.id, reply.tampered)
-                    out.setdefault(r.id, {})[precision] = dict(reply.rows[0])
+                    out.setdefault(r.id, {})[precision] = timed(
+                        worker, r, device, shape, PRECISIONS[precision], TIMING
+                    )
     return out
+
+
+def timed(
+    worker: Worker,
+    r: Report,
+    device: str,
+    shape: str,
+    row: tuple[str, str],
+    options: Mapping[str, Any],
+    canon: Mapping[str, Mapping[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """``r``'s candidate timed forward + backward at ``shape`` in ``row`` (dtype, regime) in its
+    worker, with ``canon``'s options for its slot: the row (torch's functions untouched)."""
+    assert r.candidate is not None
+    dtype, regime = row
+    request = TimeRequest(
+        candidate=r.candidate.to_json(),
+        slot=r.slot,
+        device=device,
+        shapes=(shape,),
+        dtype=dtype,
+        regime=regime,
+        options=dict(options),
+        canonical=dict((canon or {}).get(r.slot) or {}),
+    )
+    reply = worker.call(request, TIMING_TIMEOUT)
+    assert not reply.tampered, (r.id, reply.tampered)
+    return dict(reply.rows[0])
 
 
 def autocast_dtypes(reports: Mapping[str, Report]) -> dict[str, str]:
@@ -163,9 +178,6 @@ def attention(device: str, geometry: str, *, timeout: float = 120.0) -> dict[str
     per candidate its status, reasons and rows by dtype (``median_ms``, ``tflops``, ``peak_bytes``
     on CUDA, or the error that stopped it: out of memory is a row's error, recorded, not fatal)."""
     ATTENTION = "Attention"
-    from kernel_probe.isolation.protocol import TimeRequest
-    from kernel_probe.isolation.worker import WorkerPool
-    from kernel_probe.probe.limits import TIMING_TIMEOUT
     from kernel_probe.slots.attention import parse_geometry
 
     window = parse_geometry(geometry).window
@@ -189,20 +201,9 @@ def attention(device: str, geometry: str, *, timeout: float = 120.0) -> dict[str
                 continue
             with pool.worker_for(r.candidate) as worker:
                 for dtype, regime in ATTENTION_ROWS:
-                    request: TimeRequest = {
-                        "op": "time",
-                        "candidate": r.candidate.to_json(),
-                        "slot": ATTENTION,
-                        "device": device,
-                        "shapes": (geometry,),
-                        "dtype": dtype,
-                        "regime": regime,
-                        "canonical": dict(canon[ATTENTION]) if canon else {},
-                        "options": ATTENTION_TIMING,
-                    }
-                    reply = worker.call(request, TIMING_TIMEOUT)
-                    assert not reply.tampered, (r.id, reply.tampered)
-                    row = dict(reply.rows[0])
+                    row = timed(
+                        worker, r, device, geometry, (dtype, regime), ATTENTION_TIMING, canon
+                    )
                     if device != "cuda" and "error" not in row:
                         row["peak_bytes"] = None  # torch.cuda.max_memory_allocated: CUDA only
                     entry["timings"][dtype] = row
@@ -229,14 +230,10 @@ def gated_mlp(device: str, *, smoke: bool, timeout: float = 120.0) -> dict[str, 
     (smoke: ``GATED_SMOKE``); per implementation and candidate its status, reasons and timing
     row."""
     GATED_MLP = "GatedMLP"
-    from kernel_probe.isolation.protocol import TimeRequest
-    from kernel_probe.isolation.worker import WorkerPool
-    from kernel_probe.probe.limits import TIMING_TIMEOUT
     from kernel_probe.slots.gated_mlp_kernels import ANEMOI_IN
 
     rows = GATED_SMOKE_ROWS if smoke else GATED_ROWS
     shape = GATED_SMOKE if smoke else GATED_GPU
-    timed_dtype, timed_regime = rows[-1]
     out: dict[str, Any] = {
         "device": device,
         "shape": shape,
@@ -269,20 +266,7 @@ def gated_mlp(device: str, *, smoke: bool, timeout: float = 120.0) -> dict[str, 
                 if r.status != "accepted" or r.candidate is None:
                     continue
                 with pool.worker_for(r.candidate) as worker:
-                    request: TimeRequest = {
-                        "op": "time",
-                        "candidate": r.candidate.to_json(),
-                        "slot": GATED_MLP,
-                        "device": device,
-                        "shapes": (shape,),
-                        "dtype": timed_dtype,
-                        "regime": timed_regime,
-                        "canonical": dict(canon[GATED_MLP]),
-                        "options": GATED_TIMING,
-                    }
-                    reply = worker.call(request, TIMING_TIMEOUT)
-                    assert not reply.tampered, (r.id, reply.tampered)
-                    entry["timing"] = dict(reply.rows[0])
+                    entry["timing"] = timed(worker, r, device, shape, rows[-1], GATED_TIMING, canon)
     return out
 
 

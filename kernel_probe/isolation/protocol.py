@@ -5,9 +5,9 @@ anemoi config children. A missing or unknown key is a ``ProtocolError`` naming m
 import os
 import types
 import typing
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import MISSING, dataclass, field, fields
-from typing import Any, Literal, TypedDict, TypeVar
+from typing import Any, ClassVar, Literal, TypedDict, TypeVar
 
 # What an interpreted run is, said the same way wherever one appears (replies, verdicts, timing)
 INTERPRETED = (
@@ -27,19 +27,6 @@ class ProtocolError(ValueError):
     """A message that is not what its type declares (a missing or unknown key, not an object)."""
 
 
-def check_keys(name: str, data: Any, known: Sequence[str], required: Collection[str]) -> None:
-    """Refuse ``data`` unless it is an object with the ``required`` keys and only ``known`` ones."""
-    if not isinstance(data, Mapping):
-        raise ProtocolError(f"{name}: expected a JSON object, got {type(data).__name__}")
-    known = [k for k in known if k != "op"]
-    if unknown := ", ".join(repr(str(k)) for k in sorted(data) if k not in known and k != "op"):
-        raise ProtocolError(
-            f"{name}: unknown key(s) {unknown} (known: {', '.join(known) or 'none'})"
-        )
-    if missing := [k for k in known if k in required and k not in data]:
-        raise ProtocolError(f"{name}: missing key(s) {', '.join(map(repr, missing))}")
-
-
 M = TypeVar("M", bound="Message")
 
 
@@ -53,18 +40,26 @@ class Message:
 
     @classmethod
     def from_json(cls: type[M], data: Any) -> M:
-        """Read a message back; :class:`ProtocolError` names message and key when it is not one."""
-        known = {f.name: f for f in fields(cls)}
+        """Read a message back; :class:`ProtocolError` names message and key when it is not one (a
+        missing or unknown key, not an object; a request's ``op`` is its class's)."""
+        name, known = cls.__name__, {f.name: f for f in fields(cls)}
+        if not isinstance(data, Mapping):
+            raise ProtocolError(f"{name}: expected a JSON object, got {type(data).__name__}")
+        if unknown := ", ".join(repr(str(k)) for k in sorted(data) if k not in known and k != "op"):
+            raise ProtocolError(
+                f"{name}: unknown key(s) {unknown} (known: {', '.join(known) or 'none'})"
+            )
         required = [k for k, f in known.items() if f.default is MISSING is f.default_factory]
-        check_keys(cls.__name__, data, list(known), required)
+        if missing := [k for k in required if k not in data]:
+            raise ProtocolError(f"{name}: missing key(s) {', '.join(map(repr, missing))}")
         kwargs = {}
         for key, value in ((k, v) for k, v in data.items() if k in known):  # not "op"
             try:
                 kwargs[key] = _decode(known[key].type, value)
             except ProtocolError as exc:
-                raise ProtocolError(f"{cls.__name__}.{key}: {exc}") from None
+                raise ProtocolError(f"{name}.{key}: {exc}") from None
             except (TypeError, ValueError, KeyError) as exc:
-                raise ProtocolError(f"{cls.__name__}.{key}: {type(exc).__name__}: {exc}") from None
+                raise ProtocolError(f"{name}.{key}: {type(exc).__name__}: {exc}") from None
         return cls(**kwargs)
 
 
@@ -294,87 +289,89 @@ class TimingProgressMessage(Message):
     seconds: float  # spent on this shape so far
 
 
-# ---- the worker: requests, one per op (``total=False``: the keys a request may leave out) -------
-class PingRequest(TypedDict):
+# ---- the worker: requests, one per op, each naming its op and its reply's class ----------------
+REQUESTS: "dict[str, type[Request]]" = {}  # op -> its request class (each registers itself)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Request(Message):
+    """A request to the worker: on the wire, its fields and ``"op"``."""
+
+    op: ClassVar[str]
+    reply: ClassVar[type[Reply]]
+
+    def __init_subclass__(cls, op: str = "", reply: type[Reply] = Reply, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if op:  # one op's request (not a base such as CandidateRequest): registered
+            cls.op, cls.reply, REQUESTS[op] = op, reply, cls
+
+    def to_json(self) -> dict[str, Any]:
+        """The request as a JSON object, its ``op`` first."""
+        return {"op": self.op, **super().to_json()}
+
+
+@dataclass(frozen=True, kw_only=True)
+class PingRequest(Request, op="ping", reply=PingReply):
     """Start up: import torch and the measuring code, snapshot torch's functions."""
 
-    op: Literal["ping"]
 
-
-class FingerprintRequest(TypedDict):
+@dataclass(frozen=True, kw_only=True)
+class FingerprintRequest(Request, op="fingerprint", reply=FingerprintReply):
     """The lock fingerprint, read by the worker's torch (the probe's process never imports it)."""
 
-    op: Literal["fingerprint"]
 
-
-class ImportRequest(TypedDict):
+@dataclass(frozen=True, kw_only=True)
+class ImportRequest(Request, op="import", reply=ImportReply):
     """Import the class ``target`` (under its own, short, time budget)."""
 
-    op: Literal["import"]
     target: str
 
 
-class TryRequest(TypedDict):
-    """Build ``candidate`` (``Candidate.to_json``) on a device it does not declare; run it once."""
+@dataclass(frozen=True, kw_only=True)
+class CandidateRequest(Request):
+    """What a check, try or timing runs: ``candidate`` (``Candidate.to_json``) as ``slot``."""
 
-    op: Literal["try"]
     candidate: dict[str, Any]
     slot: str
     device: str
 
 
-class _Check(TypedDict):
-    op: Literal["check"]
-    candidate: dict[str, Any]
-    slot: str
-    device: str
-    dtypes: Sequence[Sequence[str]]  # (dtype, regime) pairs
+@dataclass(frozen=True, kw_only=True)
+class TryRequest(CandidateRequest, op="try", reply=TryReply):
+    """Build ``candidate`` on a device it does not declare; run it once."""
 
 
-class CheckRequest(_Check, total=False):
+@dataclass(frozen=True, kw_only=True)
+class CheckRequest(CandidateRequest, op="check", reply=CheckReply):
     """The correctness checks of ``candidate`` for ``slot`` at each (dtype, regime)."""
 
-    canonical: dict[str, Any]
-    seed: int
-    hidden: int | None  # None: limits.CHECK_HIDDEN
-    baseline: dict[str, Any] | None  # None: the slot's torch.nn default
+    dtypes: tuple[tuple[str, str], ...]
+    canonical: dict[str, Any] = field(default_factory=dict)
+    seed: int = 0
+    hidden: int | None = None  # None: limits.CHECK_HIDDEN
+    baseline: dict[str, Any] | None = None  # None: the slot's torch.nn default
 
 
-class _Time(TypedDict):
-    op: Literal["time"]
-    candidate: dict[str, Any]
-    slot: str
-    device: str
-    shapes: Sequence[str]
-    dtype: str
-    regime: str
-
-
-class TimeRequest(_Time, total=False):
+@dataclass(frozen=True, kw_only=True)
+class TimeRequest(CandidateRequest, op="time", reply=TimeReply):
     """Time forward+backward at ``shapes``; with ``progress``, progress messages come first."""
 
-    options: dict[str, Any]
-    progress: bool
-    canonical: dict[str, Any]  # Attention: the model's options (window, ...)
+    shapes: tuple[str, ...]
+    dtype: str
+    regime: str
+    options: dict[str, Any] = field(default_factory=dict)
+    progress: bool = False
+    canonical: dict[str, Any] = field(default_factory=dict)  # Attention: the model's options
 
 
-class _GraphAttention(TypedDict):
-    op: Literal["graph-attention"]
-    backend: str  # triton, pyg or module.function
-    device: str
-    dtypes: Sequence[str]
-
-
-class GraphAttentionRequest(_GraphAttention, total=False):
+@dataclass(frozen=True, kw_only=True)
+class GraphAttentionRequest(Request, op="graph-attention", reply=CheckReply):
     """The GraphTransformer attention check of one backend, one row per dtype."""
 
-    seed: int
-
-
-CandidateRequest = CheckRequest | TryRequest | TimeRequest
-Request = (
-    PingRequest | FingerprintRequest | ImportRequest | CandidateRequest | GraphAttentionRequest
-)
+    backend: str  # triton, pyg or module.function
+    device: str
+    dtypes: tuple[str, ...]
+    seed: int = 0
 
 
 # ---- import checks (``kernel-probe env``) --------------------------------------------------------

@@ -17,25 +17,19 @@ import sys
 import tempfile
 import time
 import traceback
-import typing
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Literal
 
 from kernel_probe.isolation.child import end, signal_name, spawn
 from kernel_probe.isolation.protocol import (
-    CheckReply,
-    FingerprintReply,
-    ImportReply,
+    REQUESTS,
     ImportRequest,
     PingReply,
     PingRequest,
     ProtocolError,
     Reply,
     Request,
-    TimeReply,
     TimingProgressMessage,
-    TryReply,
-    check_keys,
     interpreter_requested,
 )
 
@@ -56,14 +50,7 @@ TORCH_SURFACE = (
     "torch.autograd.backward",
     *(f"torch.Tensor.{m}" for m in ("__add__", "__mul__", "__sub__", "pow", "mean", "to")),
 )
-PING: PingRequest = {"op": "ping"}
-# each op's request type (its keys are checked on arrival) and the class of its reply
-REQUESTS: dict[str, Any] = {
-    typing.get_args(r.__annotations__["op"])[0]: r for r in typing.get_args(Request)
-}
-REPLIES: dict[str, type[Reply]] = {"ping": PingReply, "fingerprint": FingerprintReply}
-REPLIES |= {"import": ImportReply, "check": CheckReply, "try": TryReply, "time": TimeReply}
-REPLIES["graph-attention"] = CheckReply
+PING = PingRequest()
 Progress = Callable[[TimingProgressMessage], None]
 Spawned = tuple[subprocess.Popen[bytes], Any]  # a worker process and its stderr file
 
@@ -91,7 +78,7 @@ def _spawn(env: Mapping[str, str], local: Sequence[str] = ()) -> Spawned:
 def _write(proc: subprocess.Popen[bytes], request: Request) -> None:
     try:
         assert proc.stdin is not None
-        proc.stdin.write((json.dumps(request) + "\n").encode())
+        proc.stdin.write((json.dumps(request.to_json()) + "\n").encode())
         proc.stdin.flush()
     except (BrokenPipeError, OSError):
         pass  # reading the reply reports the crash
@@ -135,7 +122,7 @@ class Worker:
         self._relaunch(self._proc is None or self._proc.poll() is not None)
         assert self._proc is not None
         _write(self._proc, request)
-        self._ahead = dict(request)  # type: ignore[assignment]
+        self._ahead = request
 
     def hang_up(self) -> None:
         """Close the worker's stdin (it leaves its loop) without waiting (a pool's workers then exit
@@ -170,23 +157,23 @@ class Worker:
         timeout: float = DEFAULT_TIMEOUT,
         on_progress: Progress | None = None,
     ) -> Any:
-        """``request``'s reply (``REPLIES``), ``on_progress`` given each progress message before it,
-        within ``timeout``; WorkerDied on crash or timeout (the next call gets a fresh worker)."""
+        """``request``'s reply (a ``request.reply``), ``on_progress`` given each progress message
+        before it, within ``timeout``; WorkerDied on crash or timeout (the next call: a new one)."""
         owed = self._ping_unread or self._ahead is not None  # a reply is owed: read it first
         self._relaunch(self._proc is None or (self._proc.poll() is not None and not owed))
         if self._ping_unread:
             self._ping_unread = False
-            self._read(REPLIES["ping"], START_TIMEOUT)  # the ping sent at spawn time
+            self._read(PingReply, START_TIMEOUT)  # the ping sent at spawn time
         ahead, self._ahead = self._ahead, None
         if ahead != request:
             if ahead is not None:
-                self._read(REPLIES[ahead["op"]], timeout)  # not this call's: read and drop it
+                self._read(ahead.reply, timeout)  # not this call's: read and drop it
             assert self._proc is not None
             if self._stderr is not None:
                 self._stderr.seek(0, 2)
                 self._mark = self._stderr.tell()
             _write(self._proc, request)
-        return self._read(REPLIES[request["op"]], timeout, on_progress)
+        return self._read(request.reply, timeout, on_progress)
 
     def _stderr_tail(self) -> str:
         """What the worker wrote to stderr since the current request began, blank lines left out."""
@@ -296,8 +283,7 @@ class WorkerPool:
             self._spares = False
             for cand in ahead:
                 if not torch_own(cand) and library_of(cand) not in self._libraries:
-                    request: ImportRequest = {"op": "import", "target": cand.target}
-                    self._library(cand).send_ahead(request)
+                    self._library(cand).send_ahead(ImportRequest(target=cand.target))
         self.shared.call(PING)
 
     @contextlib.contextmanager
@@ -373,8 +359,7 @@ def read_request(data: Any) -> Request:
     if (kind := REQUESTS.get(data.get("op"))) is None:  # type: ignore[arg-type]
         known = ", ".join(REQUESTS)
         raise ProtocolError(f"request: unknown op {data.get('op')!r} (known: {known})")
-    check_keys(kind.__name__, data, list(kind.__annotations__), kind.__required_keys__)
-    return typing.cast(Request, data)
+    return kind.from_json(data)
 
 
 def serve(dispatch: Callable[[Request, Progress], Reply]) -> None:

@@ -11,7 +11,7 @@ import statistics
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ParamSpec, TypedDict, cast
+from typing import Any, ParamSpec, cast
 
 from kernel_lock.slots import DTYPES, dtype_named
 from kernel_probe import slots as slot_behaviour
@@ -22,6 +22,7 @@ from kernel_probe.isolation.protocol import (
     INTERPRETED,
     CheckRequest,
     ImportReply,
+    ImportRequest,
     TimeRequest,
     TimingProgressMessage,
     TryRequest,
@@ -89,7 +90,7 @@ def check_candidate(
         problem = slot_behaviour.slot(slot).static_problem(cand, canonical)
     if problem is not None and problem.try_it:  # installed here, declared for other devices
         try:
-            trying = TryRequest(op="try", **_about(cand, slot, device))
+            trying = TryRequest(candidate=cand.to_json(), slot=slot, device=device)
             tried = worker.call(trying, import_timeout + timeout)
         except WorkerDied as exc:
             why = f"{problem.reason}; trying it {exc.status}: {exc.reason}"
@@ -99,7 +100,7 @@ def check_candidate(
     if problem is not None:
         return stopped(problem, base)
     try:
-        imported: ImportReply = worker.call({"op": "import", "target": cand.target}, import_timeout)
+        imported: ImportReply = worker.call(ImportRequest(target=cand.target), import_timeout)
     except WorkerDied as exc:
         what, budget = f"importing {cand.target}", ("import", import_timeout)
         return stopped(judge.died(exc.status, exc.reason, what, budget), base)
@@ -109,10 +110,14 @@ def check_candidate(
         return stopped(judge.failed_import(cand.target, imported.kind, imported.error), base)
     seconds = timeout * (COMPILED_FACTOR if cand.compiled else 1)
     request = CheckRequest(
-        op="check", **_about(cand, slot, device), dtypes=tuple(plan), canonical=dict(canonical)
+        candidate=cand.to_json(),
+        slot=slot,
+        device=device,
+        dtypes=tuple(plan),
+        canonical=dict(canonical),
+        hidden=hidden,
+        baseline=None if baseline is None else baseline.to_json(),
     )
-    request["hidden"] = hidden
-    request["baseline"] = None if baseline is None else baseline.to_json()
     try:
         raw = worker.call(request, seconds)
     except WorkerDied as exc:
@@ -126,17 +131,6 @@ def check_candidate(
             dataclasses.replace(v, notes=(INTERPRETED, *v.notes)) for v in report.verdicts
         ]
     return report
-
-
-class _About(TypedDict):
-    candidate: dict[str, Any]
-    slot: str
-    device: str
-
-
-def _about(cand: Candidate, slot: str, device: str) -> _About:
-    """What every request about a candidate says."""
-    return _About(candidate=cand.to_json(), slot=slot, device=device)
 
 
 @dataclass(frozen=True)
@@ -332,12 +326,17 @@ class _SlotTimer:
         first = done.timings is None  # later rounds' blocks are not announced: one line each
         if first:
             timing.progress(slot, cand.id, shapes, None)
-        where = _about(cand, slot, self.checks.device)
         request = TimeRequest(
-            op="time", **where, shapes=shapes, dtype=timing.dtype, regime=timing.regime
+            candidate=cand.to_json(),
+            slot=slot,
+            device=self.checks.device,
+            shapes=tuple(shapes),
+            dtype=timing.dtype,
+            regime=timing.regime,
+            options=dict(options),
+            progress=first,
+            canonical=dict(self.checks.canonical.get(slot) or {}),
         )
-        request["progress"], request["options"] = first, dict(options)
-        request["canonical"] = dict(self.checks.canonical.get(slot) or {})
         rows = None
         with self.pool.worker_for(cand) as worker:
             load = host.Load(gpu=self.checks.device != "cpu")

@@ -317,9 +317,7 @@ def check_backend(
 ) -> GraphAttentionReport:
     """One backend's verdict, measured in a fresh worker (its code never runs here)."""
     interpreted = backend == "triton" and device == "cpu" and interpreter_requested()
-    request = GraphAttentionRequest(
-        op="graph-attention", backend=backend, device=device, dtypes=list(dtypes)
-    )
+    request = GraphAttentionRequest(backend=backend, device=device, dtypes=tuple(dtypes))
     try:
         with Worker() as worker:
             reply = worker.call(request, timeout=timeout)

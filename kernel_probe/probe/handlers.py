@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import time
+import typing
 from collections.abc import Callable
 from typing import Any
 
@@ -17,10 +18,12 @@ from kernel_probe.isolation.protocol import (
     CheckReply,
     CheckRequest,
     FingerprintReply,
+    FingerprintRequest,
     GraphAttentionRequest,
     ImportReply,
     ImportRequest,
     PingReply,
+    PingRequest,
     Reply,
     Request,
     TimeRequest,
@@ -40,11 +43,7 @@ def serve() -> None:
     worker.serve(dispatch)
 
 
-def _cand(request: CandidateRequest) -> Candidate:
-    return Candidate.from_json(request["candidate"])
-
-
-def _ping(request: Request, emit: Progress) -> Reply:
+def _ping(request: PingRequest, emit: Progress) -> Reply:
     # torch and the measuring code once, up front, under the start timeout, before any candidate
     import torch  # noqa: F401
 
@@ -54,7 +53,7 @@ def _ping(request: Request, emit: Progress) -> Reply:
     return PingReply(pid=os.getpid())
 
 
-def _fingerprint(request: Request, emit: Progress) -> Reply:
+def _fingerprint(request: FingerprintRequest, emit: Progress) -> Reply:
     from kernel_lock import fingerprint as with_torch  # imports torch: where torch already is
 
     return FingerprintReply(fields=with_torch.current())
@@ -63,8 +62,8 @@ def _fingerprint(request: Request, emit: Progress) -> Reply:
 def _graph_attention(request: GraphAttentionRequest, emit: Progress) -> Reply:
     from kernel_probe.probe import graph_attention  # anemoi and PyG: only when asked
 
-    backend, device = request["backend"], request["device"]
-    rows = graph_attention.check(backend, device, list(request["dtypes"]), request.get("seed", 0))
+    backend, device = request.backend, request.device
+    rows = graph_attention.check(backend, device, list(request.dtypes), request.seed)
     return CheckReply(candidate=backend, device=device, rows=rows)
 
 
@@ -74,7 +73,7 @@ def _import(request: ImportRequest, emit: Progress) -> Reply:
 
     start = time.perf_counter()
     try:
-        measure.import_class(request["target"])
+        measure.import_class(request.target)
     except ImportError as exc:
         return ImportReply(ok=False, kind="import", error=f"{type(exc).__name__}: {exc}")
     except (Exception, SystemExit) as exc:  # a library calling sys.exit() on import is broken
@@ -82,57 +81,55 @@ def _import(request: ImportRequest, emit: Progress) -> Reply:
     return ImportReply(ok=True, seconds=time.perf_counter() - start)
 
 
-def _slot(request: CandidateRequest) -> Slot:
-    """The request's slot (one another package declares: loaded at its first request)."""
-    if request["slot"] not in slot_behaviour.SLOTS:
-        slot_behaviour.load_plugins((request["slot"],))
-    return slot_behaviour.slot(request["slot"])
+def _slot(request: CandidateRequest) -> tuple[Slot, Candidate]:
+    """The request's slot (one another package declares: loaded at its first request), candidate."""
+    if request.slot not in slot_behaviour.SLOTS:
+        slot_behaviour.load_plugins((request.slot,))
+    return slot_behaviour.slot(request.slot), Candidate.from_json(request.candidate)
 
 
 def _check(request: CheckRequest, emit: Progress) -> Reply:
     from kernel_probe.probe import measure  # torch: loaded by the ping already
 
-    baseline = request.get("baseline")
-    return _slot(request).check(
-        _cand(request),
-        request["device"],
-        [(dtype, regime) for dtype, regime in request["dtypes"]],
-        canonical=request.get("canonical", {}),
-        seed=request.get("seed", 0),
-        hidden=request.get("hidden"),
+    slot, cand, baseline = *_slot(request), request.baseline
+    return slot.check(
+        cand,
+        request.device,
+        list(request.dtypes),
+        canonical=request.canonical,
+        seed=request.seed,
+        hidden=request.hidden,
         baseline=None if baseline is None else Candidate.from_json(baseline),
         shared=measure.SHARED,  # the inputs, reference and torch's pass, once per slot and row
     )
 
 
 def _try(request: TryRequest, emit: Progress) -> Reply:
-    return TryReply.from_json(_slot(request).try_once(_cand(request), request["device"]))
+    slot, cand = _slot(request)
+    return TryReply.from_json(slot.try_once(cand, request.device))
 
 
 def _time(request: TimeRequest, emit: Progress) -> Reply:
-    return _slot(request).time(
-        _cand(request),
-        request["device"],
-        list(request["shapes"]),
-        request["dtype"],
-        request["regime"],
-        request.get("options", {}),
-        request.get("canonical", {}),
-        emit if request.get("progress") else None,
+    slot, cand = _slot(request)
+    return slot.time(
+        cand,
+        request.device,
+        list(request.shapes),
+        request.dtype,
+        request.regime,
+        request.options,
+        request.canonical,
+        emit if request.progress else None,
     )
 
 
-OPS: dict[str, Callable[[Any, Progress], Reply]] = {
-    "ping": _ping,
-    "fingerprint": _fingerprint,
-    "import": _import,
-    "check": _check,
-    "try": _try,
-    "time": _time,
-    "graph-attention": _graph_attention,
+# each op's handler, by the request class it takes (``protocol.REQUESTS``: op -> that class)
+_HANDLERS = (_ping, _fingerprint, _import, _check, _try, _time, _graph_attention)
+OPS: dict[type[Request], Callable[[Any, Progress], Reply]] = {
+    typing.get_type_hints(handler)["request"]: handler for handler in _HANDLERS
 }
 
 
 def dispatch(request: Request, emit: Progress = None) -> Reply:
     """The reply to one request (``emit`` sends a timing request's progress before it)."""
-    return OPS[request["op"]](request, emit)
+    return OPS[type(request)](request, emit)

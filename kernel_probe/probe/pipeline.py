@@ -18,6 +18,7 @@ from kernel_lock.model import Model
 from kernel_probe import slots as slot_behaviour
 from kernel_probe.candidates import Candidate, default_for, for_slot, local_modules
 from kernel_probe.errors import InputFileError, StaleLock, TooLarge
+from kernel_probe.isolation.protocol import FingerprintRequest
 from kernel_probe.probe import stale
 from kernel_probe.probe.choose import Choice, choose, load_warnings
 from kernel_probe.probe.judge import Policy
@@ -215,7 +216,7 @@ def probe(p: Plan, events: Events | None = None) -> ProbeResult:
                 result.check_seconds += done.check_seconds
                 result.time_seconds += done.time_seconds
             # from the worker whose torch ran the checks: this process never imports torch
-            fingerprint = pool.shared.call({"op": "fingerprint"}, START_TIMEOUT).fields
+            fingerprint = pool.shared.call(FingerprintRequest(), START_TIMEOUT).fields
     finally:
         events.done()
     for name, b in behaviour.items():

@@ -211,7 +211,8 @@ class InProcessWorker:
     """The worker's handlers, run in this process on the CPU (the device is simulated)."""
 
     def call(self, request, timeout=0, on_progress=None):
-        return handlers.dispatch({**request, "device": "cpu"} if "device" in request else request)
+        on_cpu = hasattr(request, "device")  # a candidate's or graph attention's request
+        return handlers.dispatch(dataclasses.replace(request, device="cpu") if on_cpu else request)
 
 
 class InProcessPool:

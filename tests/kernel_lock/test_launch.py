@@ -125,10 +125,10 @@ def test_a_boot_child_runs_none_of_them(planted):
 
 @pytest.mark.slow
 def test_the_worker_runs_none_of_them(planted):
-    from kernel_probe.isolation.worker import Worker
+    from kernel_probe.isolation.worker import PING, Worker
 
     with Worker() as worker:
-        worker.call({"op": "ping"})  # a real worker, up and answering its ping
+        worker.call(PING)  # a real worker, up and answering its ping
         assert worker.started == 1
     assert ran(planted) == []
 

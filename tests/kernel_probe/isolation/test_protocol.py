@@ -4,13 +4,14 @@ that is not what its type declares is a clear error, not a KeyError somewhere el
 from __future__ import annotations
 
 import json
-from dataclasses import MISSING, fields
+from dataclasses import MISSING, fields, replace
 
 import pytest
 
 from kernel_probe.candidates import Candidate, default_for
 from kernel_probe.isolation import protocol as p
 from kernel_probe.isolation import worker
+from kernel_probe.probe import handlers
 
 CAND = default_for("LayerNorm")
 
@@ -23,38 +24,37 @@ ROW: p.MeasurementRow = {
 }
 
 SAMPLES: list[p.Request] = [
-    {"op": "ping"},
-    {"op": "import", "target": "torch.nn.LayerNorm"},
-    {
-        "op": "check",
-        "candidate": CAND.to_json(),
-        "slot": "LayerNorm",
-        "device": "cpu",
-        "dtypes": [["float32", "true"], ["bfloat16", "mixed"]],
-    },
-    {
-        "op": "check",
-        "candidate": CAND.to_json(),
-        "slot": "LayerNorm",
-        "device": "cpu",
-        "dtypes": [["float32", "true"]],
-        "canonical": {"eps": 1e-6},
-        "seed": 3,
-        "hidden": 64,
-        "baseline": CAND.to_json(),
-    },
-    {"op": "try", "candidate": CAND.to_json(), "slot": "LayerNorm", "device": "cuda"},
-    {
-        "op": "time",
-        "candidate": CAND.to_json(),
-        "slot": "LayerNorm",
-        "device": "cpu",
-        "shapes": ["32x16"],
-        "dtype": "float32",
-        "regime": "true",
-        "options": {"reps": 2},
-        "progress": True,
-    },
+    p.PingRequest(),
+    p.FingerprintRequest(),
+    p.ImportRequest(target="torch.nn.LayerNorm"),
+    p.CheckRequest(
+        candidate=CAND.to_json(),
+        slot="LayerNorm",
+        device="cpu",
+        dtypes=(("float32", "true"), ("bfloat16", "mixed")),
+    ),
+    p.CheckRequest(
+        candidate=CAND.to_json(),
+        slot="LayerNorm",
+        device="cpu",
+        dtypes=(("float32", "true"),),
+        canonical={"eps": 1e-6},
+        seed=3,
+        hidden=64,
+        baseline=CAND.to_json(),
+    ),
+    p.TryRequest(candidate=CAND.to_json(), slot="LayerNorm", device="cuda"),
+    p.TimeRequest(
+        candidate=CAND.to_json(),
+        slot="LayerNorm",
+        device="cpu",
+        shapes=("32x16",),
+        dtype="float32",
+        regime="true",
+        options={"reps": 2},
+        progress=True,
+    ),
+    p.GraphAttentionRequest(backend="pyg", device="cpu", dtypes=("float32",)),
 ]
 
 MESSAGES = [
@@ -115,15 +115,28 @@ def test_every_message_round_trips_through_json(message):
 
 
 def _name(request):
-    return worker.REQUESTS[request["op"]].__name__
+    return type(request).__name__
+
+
+def _required(kind):
+    return [f.name for f in fields(kind) if f.default is MISSING and f.default_factory is MISSING]
+
+
+def test_every_op_has_one_request_class_naming_its_reply():
+    assert set(p.REQUESTS) == {r.op for r in SAMPLES}
+    for op, kind in p.REQUESTS.items():  # each names its op and its required fields
+        assert kind.op == op and issubclass(kind.reply, p.Reply) and kind.__name__
+        assert all(isinstance(name, str) for name in _required(kind))
+    assert set(handlers.OPS) == set(p.REQUESTS.values())  # and each has its handler
 
 
 @pytest.mark.parametrize("request_", SAMPLES, ids=_name)
 def test_every_request_round_trips_through_json(request_):
-    wire = json.loads(json.dumps(request_))
-    assert worker.read_request(wire) == wire and wire["op"] in worker.REPLIES
+    wire = json.loads(json.dumps(request_.to_json()))
+    back = worker.read_request(wire)
+    assert wire["op"] == request_.op and type(back) is type(request_) and back.to_json() == wire
     for key in ("candidate", "baseline"):  # the candidate as the worker rebuilds it
-        assert key not in wire or Candidate.from_json(wire[key]) == CAND
+        assert wire.get(key) is None or Candidate.from_json(wire[key]) == CAND
 
 
 @pytest.mark.parametrize("message", MESSAGES, ids=lambda m: type(m).__name__)
@@ -138,7 +151,7 @@ def test_an_unknown_key_is_a_clear_error(message):
 @pytest.mark.parametrize("request_", SAMPLES, ids=_name)
 def test_an_unknown_request_key_is_a_clear_error(request_):
     with pytest.raises(p.ProtocolError, match=rf"{_name(request_)}: unknown key\(s\) 'colour'"):
-        worker.read_request({**request_, "colour": "blue"})
+        worker.read_request({**request_.to_json(), "colour": "blue"})
 
 
 @pytest.mark.parametrize("message", MESSAGES, ids=lambda m: type(m).__name__)
@@ -154,10 +167,10 @@ def test_a_missing_key_is_a_clear_error(message):
         type(message).from_json(wire)
 
 
-@pytest.mark.parametrize("request_", [r for r in SAMPLES if r["op"] != "ping"], ids=_name)
+@pytest.mark.parametrize("request_", [r for r in SAMPLES if _required(type(r))], ids=_name)
 def test_a_missing_request_key_is_a_clear_error(request_):
-    required = [k for k in worker.REQUESTS[request_["op"]].__required_keys__ if k != "op"]
-    wire = {k: v for k, v in request_.items() if k != sorted(required)[0]}
+    required = _required(type(request_))
+    wire = {k: v for k, v in request_.to_json().items() if k != sorted(required)[0]}
     with pytest.raises(
         p.ProtocolError, match=rf"{_name(request_)}: missing key\(s\) '{sorted(required)[0]}'"
     ):
@@ -187,10 +200,10 @@ def test_the_worker_answers_a_typed_request():
     from kernel_probe.isolation.worker import Worker
 
     with Worker() as w:
-        ping = w.call({"op": "ping"}, 120)
-        imported = w.call({"op": "import", "target": "torch.nn.LayerNorm"}, 60)
-        missing = w.call({"op": "import", "target": "no_such_module_here.X"}, 60)
-        tried = w.call(SAMPLES[4] | {"device": "cpu"}, 60)
+        ping = w.call(p.PingRequest(), 120)
+        imported = w.call(p.ImportRequest(target="torch.nn.LayerNorm"), 60)
+        missing = w.call(p.ImportRequest(target="no_such_module_here.X"), 60)
+        tried = w.call(replace(SAMPLES[5], device="cpu"), 60)
     assert isinstance(ping, p.PingReply) and ping.pid > 0
     assert isinstance(imported, p.ImportReply) and imported.ok and not imported.tampered
     assert not missing.ok and missing.kind == "import" and "no_such_module_here" in missing.error
@@ -202,7 +215,7 @@ def test_the_worker_reports_a_malformed_request():
     from kernel_probe.isolation.worker import Worker
 
     with Worker() as w:
-        w.call({"op": "ping"}, 120)
+        w.call(p.PingRequest(), 120)
         w._proc.stdin.write(b'{"op": "import", "targt": "x"}\n')
         with pytest.raises(RuntimeError, match=r"ImportRequest: unknown key\(s\) 'targt'"):
             w._read(p.ImportReply, 30)

@@ -12,8 +12,11 @@ import time
 import pytest
 
 from kernel_probe import candidates as cands
+from kernel_probe.isolation.protocol import ImportRequest, PingRequest
 from kernel_probe.isolation.worker import WorkerPool
 from kernel_probe.probe.check import check_all
+
+LN = ImportRequest(target="torch.nn.LayerNorm")
 
 
 # ---- a library that forks, a probe that is killed (hostile input, issue 14) ----------------------
@@ -97,17 +100,16 @@ def test_worker_forwards_progress_before_the_reply():
 
     seen: list[TimingProgressMessage] = []
     with Worker() as w:
-        request: TimeRequest = {
-            "op": "time",
-            "candidate": default_for("LayerNorm").to_json(),
-            "slot": "LayerNorm",
-            "device": "cpu",
-            "shapes": ("32x16", "64x16"),
-            "dtype": "float32",
-            "regime": "true",
-            "progress": True,
-            "options": {"reps": 2, "warmup": 1, "min_seconds": 0.0},
-        }
+        request = TimeRequest(
+            candidate=default_for("LayerNorm").to_json(),
+            slot="LayerNorm",
+            device="cpu",
+            shapes=("32x16", "64x16"),
+            dtype="float32",
+            regime="true",
+            progress=True,
+            options={"reps": 2, "warmup": 1, "min_seconds": 0.0},
+        )
         reply = w.call(request, 120, on_progress=seen.append)
     assert [r["shape"] for r in reply.rows] == ["32x16", "64x16"]
     assert {(m.shape, m.phase) for m in seen} >= {
@@ -145,13 +147,13 @@ def test_a_request_sent_ahead_is_answered_to_its_own_call_without_being_sent_aga
     from kernel_probe.isolation.worker import Worker
 
     with Worker() as w:
-        w.send_ahead({"op": "import", "target": "torch.nn.LayerNorm"})
+        w.send_ahead(LN)
         assert w.started == 1  # started at once, its ping not yet read
         written = _spy_writes(w)
-        reply = w.call({"op": "import", "target": "torch.nn.LayerNorm"}, 120)
+        reply = w.call(LN, 120)
         assert isinstance(reply, ImportReply) and reply.ok
         assert written == []  # the reply of the request written ahead
-        again = w.call({"op": "import", "target": "torch.nn.LayerNorm"}, 120)
+        again = w.call(LN, 120)
         assert again.ok and len(written) == 1 and w.started == 1
 
 
@@ -161,11 +163,11 @@ def test_another_call_after_a_request_sent_ahead_gets_its_own_reply():
     from kernel_probe.isolation.worker import Worker
 
     with Worker() as w:
-        w.send_ahead({"op": "import", "target": "kp_no_such_module.Nope"})
+        w.send_ahead(ImportRequest(target="kp_no_such_module.Nope"))
         # the import's reply is read and dropped first: replies come in order
-        reply = w.call({"op": "ping"}, 120)
+        reply = w.call(PingRequest(), 120)
         assert isinstance(reply, PingReply) and reply.pid == w._proc.pid
-        imported = w.call({"op": "import", "target": "torch.nn.LayerNorm"}, 120)
+        imported = w.call(LN, 120)
         assert imported.ok
 
 
@@ -175,14 +177,14 @@ def test_a_worker_that_dies_while_a_request_is_ahead_is_reported_and_replaced():
     from kernel_probe.isolation.worker import Worker, WorkerDied
 
     with Worker() as w:
-        w.send_ahead({"op": "import", "target": "torch.nn.LayerNorm"})
+        w.send_ahead(LN)
         kill_group(w._proc.pid)
         w._proc.wait()
         with pytest.raises(WorkerDied) as died:
-            w.call({"op": "import", "target": "torch.nn.LayerNorm"}, 120)
+            w.call(LN, 120)
         assert died.value.status == "crashed"
         # a fresh worker owes nothing
-        assert w.call({"op": "import", "target": "torch.nn.LayerNorm"}, 120).ok
+        assert w.call(LN, 120).ok
         assert w.started == 2
 
 

@@ -320,17 +320,16 @@ def test_the_worker_forwards_attention_timing_progress_before_the_reply():
 
     cand = next(c for c in cands.builtin() if c.id == "torch.sdpa")
     seen: list[TimingProgressMessage] = []
-    request: TimeRequest = {
-        "op": "time",
-        "candidate": cand.to_json(),
-        "slot": "Attention",
-        "device": "cpu",
-        "shapes": ("2x16x32:window=4",),
-        "dtype": "float32",
-        "regime": "true",
-        "progress": True,
-        "options": {"reps": 2, "warmup": 1, "min_seconds": 0.0},
-    }
+    request = TimeRequest(
+        candidate=cand.to_json(),
+        slot="Attention",
+        device="cpu",
+        shapes=("2x16x32:window=4",),
+        dtype="float32",
+        regime="true",
+        progress=True,
+        options={"reps": 2, "warmup": 1, "min_seconds": 0.0},
+    )
     with Worker() as w:
         reply = w.call(request, 120, on_progress=seen.append)
     assert "error" not in reply.rows[0], reply.rows

@@ -190,15 +190,14 @@ def run() -> Run:
             )
             for case in CASES
         }
-        request: TimeRequest = {
-            "op": "time",
-            "candidate": CASES[0].candidate().to_json(),
-            "slot": "LayerNorm",
-            "device": "cpu",
-            "shapes": ("64x1000",),
-            "dtype": "float32",
-            "regime": "true",
-        }
+        request = TimeRequest(
+            candidate=CASES[0].candidate().to_json(),
+            slot="LayerNorm",
+            device="cpu",
+            shapes=("64x1000",),
+            dtype="float32",
+            regime="true",
+        )
         timed = worker.call(request)
     return Run(reports, gate, timed, time.perf_counter() - start)
 

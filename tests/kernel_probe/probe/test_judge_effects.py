@@ -15,7 +15,7 @@ from kernel_lock import LockWarning
 from kernel_lock.checkpoint import migrate_state_dict
 from kernel_probe import candidates as cands
 from kernel_probe.errors import ProbeError
-from kernel_probe.isolation.worker import Worker
+from kernel_probe.isolation.worker import PING, Worker
 from kernel_probe.probe.check import check_all, check_candidate
 from kernel_probe.probe.choose import choose
 from kernel_probe.probe.judge import Policy
@@ -28,7 +28,7 @@ PLAN = [("float32", "true"), ("bfloat16", "mixed")]
 @pytest.fixture(scope="module")
 def worker():
     with Worker() as w:
-        w.call({"op": "ping"})
+        w.call(PING)
         yield w
 
 
@@ -344,7 +344,7 @@ def test_a_hanging_import_costs_the_import_budget_not_minutes():
     budget = 3.0
     start = time.perf_counter()
     with Worker() as w:
-        w.call({"op": "ping"})
+        w.call(PING)
         r = check(w, "LayerNorm=kp_zoo.hang_on_import.X", import_timeout=budget)
     elapsed = time.perf_counter() - start
     assert r.status == "timeout" and f"import budget {budget:g} s" in r.reasons[0]

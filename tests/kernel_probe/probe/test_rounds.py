@@ -31,7 +31,7 @@ class _Worker:
         self.ms, self.load, self.calls = ms, load, []
 
     def call(self, request: TimeRequest, timeout, on_progress=None) -> TimeReply:
-        cid, opts = request["candidate"]["id"], dict(request["options"])
+        cid, opts = request.candidate["id"], dict(request.options)
         own = self.ms[cid]
         if isinstance(own, list):
             own = own[sum(c == cid for c, _ in self.calls) % len(own)]
@@ -41,8 +41,8 @@ class _Worker:
         row = {
             "implementation": cid,
             "shape": SHAPE,
-            "dtype": request["dtype"],
-            "regime": request["regime"],
+            "dtype": request.dtype,
+            "regime": request.regime,
             "median_ms": seconds * 1e3,
             "spread": 0.0,
             "reps": n,
