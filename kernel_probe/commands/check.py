@@ -6,15 +6,20 @@ import argparse
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from kernel_lock.slots import DTYPES, short_dtype, slot_name_fix
+from kernel_lock.slots import DTYPES, short_dtype
 from kernel_probe import output
 from kernel_probe import slots as slot_behaviour
-from kernel_probe.errors import ForcedUnusable, UsageError
+from kernel_probe.errors import ForcedUnusable
 from kernel_probe.isolation.protocol import INTERPRETED
 from kernel_probe.output import count, safe, seconds
 from kernel_probe.probe.judge import Policy
 from kernel_probe.probe.limits import CHECK_HIDDEN, CHECK_TIMEOUT, COMPILED_FACTOR, IMPORT_TIMEOUT
-from kernel_probe.probe.planning import detect_device, gather_candidates
+from kernel_probe.probe.planning import (
+    detect_device,
+    gather_candidates,
+    refuse_declared,
+    select_slots,
+)
 from kernel_probe.probe.report import Report, Verdict
 
 
@@ -56,6 +61,15 @@ CANDIDATE_SWITCHES = {
     "function (a tanh GELU for an erf model), judged against what it computes; the lock records "
     "the difference",
 }
+
+
+def declared_from(args: argparse.Namespace) -> dict[str, str]:
+    """Per slot, what the model declares of it on the command line (``Slot.option``)."""
+    return {
+        s.name: getattr(args, s.option.dest)
+        for s in slot_behaviour.SLOTS.values()
+        if s.option is not None
+    }
 
 
 def policy_from(args: argparse.Namespace) -> Policy:
@@ -101,15 +115,9 @@ def run_check(args: argparse.Namespace) -> int:
     device = detect_device()
     for problem in slot_behaviour.load_plugins() if not args.no_plugins else []:
         output.warn(problem)
-    for name in args.slot:
-        if name not in slot_behaviour.SLOTS:
-            raise UsageError(f"--slot {name}: unknown slot {name!r}", fix=slot_name_fix(name))
-    slots = args.slot or [s.name for s in slot_behaviour.SLOTS.values() if s.spec.by_default]
-    canonical = {}
-    for s in slot_behaviour.SLOTS.values():
-        if declared := (getattr(args, s.option.dest) if s.option is not None else ""):
-            s.refuse(declared)
-            canonical[s.name] = s.canonical(declared, None)
+    slots = select_slots(args.slot)
+    refuse_declared(declared := declared_from(args))
+    canonical = {n: slot_behaviour.slot(n).canonical(d, None) for n, d in declared.items() if d}
     progress = None if args.json else (lambda slot, cid: output.info(f"checking {slot}: {cid} ..."))
     reports = check_all(
         slots,
