@@ -170,12 +170,9 @@ def choose(
     spec: str,
     extra: Iterable[str],
     device: Mapping[str, Any],
-    site: Mapping[str, Any] | None = None,
-    env: Mapping[str, str] | None = None,
-    *,
-    facts: SiteFacts | None = None,
-    named: str = "explicit (--profile)",
-    found: Survey | None = None,
+    facts: SiteFacts | None,
+    named: str,
+    found: Survey | None,
 ) -> tuple[Profile | None, str, list[str]]:
     """The profile ``--profile NAME|PATH|auto`` names, how it was chosen (``named`` when named), and
     notes; ``facts``: a described node's instead of this machine's; ``found``: an earlier survey."""
@@ -187,7 +184,7 @@ def choose(
     notes = found.notes_for() + [f"broken profile, not considered: {exc}" for exc in found.broken]
     problems: list[str] = []
     if facts is None:
-        facts = site_facts(site or detect_site(env), device, env, problems=problems)
+        facts = site_facts(detect_site(), device, problems=problems)
     profile, matched, more = auto_detect(found.profiles.values(), facts)
     return profile, matched, notes + more + list(dict.fromkeys(problems))
 
@@ -259,34 +256,6 @@ def unmet(
     return out
 
 
-def enforce(
-    profile: Profile, fingerprint: Mapping[str, Any], libraries: Mapping[str, str | None]
-) -> list[str]:
-    """Raise ProfileUnmet (exit 4) listing every unmet requirement that is an error; return the
-    warnings."""
-    problems = unmet(profile, fingerprint, libraries)
-    strict = profile.default_strictness == "error"
-    errors = [u for u in problems if strict and u.group not in profile.warn_groups]
-    warnings = [f"profile {profile.name}: {u}" for u in problems if u not in errors]
-    if errors:
-        lines = "\n".join(f"  - {u}" for u in errors)
-        todo = [GROUPS[g] for g in dict.fromkeys(u.group for u in errors)]
-        if profile.help:
-            todo.insert(0, f"{profile.name}: {profile.help}")
-        todo.append("or use the profile of the machine you are on (--profile NAME, or auto)")
-        raise ProfileUnmet(
-            f"this machine does not meet profile {profile.name!r} ({len(errors)} unmet):\n{lines}",
-            path=profile.path,
-            fix="; ".join(todo),
-        )
-    return warnings
-
-
-def required_libraries(profile: Profile) -> list[str]:
-    """The library keys a profile's requirements name (``distribution`` or ``name@variant``)."""
-    return sorted({*profile.requires.get("libraries", {}), *profile.requires.get("forbidden", {})})
-
-
 def library_facts(
     keys: Iterable[str], described: Mapping[str, Mapping[str, Any]] | None = None
 ) -> dict[str, str | None]:
@@ -348,25 +317,35 @@ def judge(
     named: str = "explicit (--profile)",
     where: str = "this machine",
 ) -> Judgement:
-    """A node by the profile ``spec`` names (:func:`choose`), and for a named one, by its site
-    signals (:func:`other_site`; ``seen``, the profile they point to); then its requirements
-    (:func:`enforce`). A described node: its site ``facts`` and ``described`` libraries."""
+    """A node by the profile ``spec`` names (:func:`choose`), for a named one by its site signals
+    (:func:`other_site`; ``seen``: where they point), then by its requirements (the refusal lists
+    every unmet one that is an error). A described node: its site ``facts``, its libraries."""
     found = None if names_file(spec) else survey(dirs)
-    profile, matched, notes = choose(spec, dirs, device, facts=facts, named=named, found=found)
+    profile, matched, notes = choose(spec, dirs, device, facts, named, found)
     out = Judgement(profile, matched, notes)
     if profile is None:
         return out
     if spec != "auto":  # named: a node its site signals place at another site is not its
-        out.seen, out.seen_by, _ = choose("auto", dirs, device, facts=facts, found=found)
+        out.seen, out.seen_by, _ = choose("auto", dirs, device, facts, named, found)
         try:
             other_site(profile, out.seen, out.seen_by, where)
         except ProfileUnmet as exc:
             out.site_refusal = exc
-    current = fingerprint()
-    libs = library_facts(required_libraries(profile), described)
-    out.unmet = unmet(profile, current, libs)
-    try:
-        out.warnings = enforce(profile, current, libs)
-    except ProfileUnmet as exc:
-        out.refusal = exc
+    keys = sorted({*profile.requires.get("libraries", {}), *profile.requires.get("forbidden", {})})
+    out.unmet = unmet(profile, fingerprint(), library_facts(keys, described))
+    strict = profile.default_strictness == "error"
+    errors = [u for u in out.unmet if strict and u.group not in profile.warn_groups]
+    if not errors:
+        out.warnings = [f"profile {profile.name}: {u}" for u in out.unmet]
+        return out
+    todo = [GROUPS[g] for g in dict.fromkeys(u.group for u in errors)]
+    if profile.help:
+        todo.insert(0, f"{profile.name}: {profile.help}")
+    todo.append("or use the profile of the machine you are on (--profile NAME, or auto)")
+    lines = "\n".join(f"  - {u}" for u in errors)
+    out.refusal = ProfileUnmet(
+        f"this machine does not meet profile {profile.name!r} ({len(errors)} unmet):\n{lines}",
+        path=profile.path,
+        fix="; ".join(todo),
+    )
     return out

@@ -26,8 +26,7 @@ from kernel_probe.shapes import parse_shape
 from kernel_probe.tables import TableReader
 
 PROFILE_VERSION = "1"
-# the strictness groups, each with what a refused user can do: about their job and environment,
-# not about the profile
+# the strictness groups, each with what a refused user can do (about their job, not the profile)
 GROUPS = {
     "device": "run on one of the site's GPU nodes, inside a GPU job",
     "count": "ask the job for GPUs and keep them visible (CUDA_VISIBLE_DEVICES, "
