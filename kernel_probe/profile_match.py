@@ -15,7 +15,7 @@ from kernel_probe.candidates import arch_satisfies
 from kernel_probe.detect.host import detect_site
 from kernel_probe.detect.libraries import known, locate
 from kernel_probe.errors import ProfileUnmet
-from kernel_probe.profiles import GROUPS, MAX_SIGNAL_CHARS, STRONG, WEAK, Profile, load_file
+from kernel_probe.profiles import GROUPS, MAX_SIGNAL_CHARS, STRONG, WEAK, Profile
 from kernel_probe.sites import SiteFacts, Survey, names_file, resolve, site_facts, survey
 
 # the signals that match a name: the Slurm variable each reads ("": the host name)
@@ -176,11 +176,9 @@ def choose(
 ) -> tuple[Profile | None, str, list[str]]:
     """The profile ``--profile NAME|PATH|auto`` names, how it was chosen (``named`` when named), and
     notes; ``facts``: a described node's instead of this machine's; ``found``: an earlier survey."""
-    if spec != "auto" and names_file(spec):
-        return load_file(spec), named, []
+    if spec != "auto":  # a file is read alone; a name is looked up in ``found``
+        return resolve(spec, extra, found), named, found.notes_for(spec) if found else []
     found = found or survey(extra)
-    if spec != "auto":
-        return resolve(spec, extra, found), named, found.notes_for(spec)
     notes = found.notes_for() + [f"broken profile, not considered: {exc}" for exc in found.broken]
     problems: list[str] = []
     if facts is None:

@@ -448,16 +448,5 @@ def load_file(path: str | os.PathLike[str]) -> Profile:
     """The profile file at ``path``, read through the safe reader (:func:`read_text`), parsed."""
     p = str(Path(path))
     missing = "check the path, or use `kernel-probe profiles list`"
-    text = read_text(
-        p, MAX_BYTES, ProfileError, missing, "pass a .toml file, or use --profiles-dir"
-    )
-    return parse(text, p)
-
-
-def from_bytes(raw: bytes, path: str) -> Profile:
-    """The profile in the bytes read from the file ``path`` (UTF-8 TOML), parsed; ProfileError."""
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise ProfileError(f"cannot read: {exc}", path=path) from None
-    return parse(text, path)
+    directory = "pass a .toml file, or use --profiles-dir"
+    return parse(read_text(p, MAX_BYTES, ProfileError, missing, directory), p)
