@@ -5,8 +5,8 @@ requirements it does not meet (exit 4), whether a lock was written under the sam
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from kernel_lock import Difference
@@ -15,19 +15,8 @@ from kernel_probe.candidates import arch_satisfies
 from kernel_probe.detect.host import detect_site
 from kernel_probe.detect.libraries import known, locate
 from kernel_probe.errors import ProfileUnmet
-from kernel_probe.profiles import MAX_SIGNAL_CHARS, STRONG, WEAK, Profile, load_file
+from kernel_probe.profiles import GROUPS, MAX_SIGNAL_CHARS, STRONG, WEAK, Profile
 from kernel_probe.sites import SiteFacts, Survey, names_file, resolve, site_facts, survey
-
-# what a refused user can do, by group: about their job and environment, not about the profile
-USER_FIX = {
-    "device": "run on one of the site's GPU nodes, inside a GPU job",
-    "count": "ask the job for GPUs and keep them visible (CUDA_VISIBLE_DEVICES, "
-    "HIP_VISIBLE_DEVICES)",
-    "versions": "use a torch build in the required range (the site's module or container)",
-    "libraries": "install the required libraries in this environment (or load the site's module)",
-    "forbidden": "uninstall the forbidden library, or use another environment without it",
-}
-
 
 # the signals that match a name: the Slurm variable each reads ("": the host name)
 NAMED_BY = {"slurm-cluster": "SLURM_CLUSTER_NAME", "slurm-partition": "SLURM_JOB_PARTITION"}
@@ -181,24 +170,19 @@ def choose(
     spec: str,
     extra: Iterable[str],
     device: Mapping[str, Any],
-    site: Mapping[str, Any] | None = None,
-    env: Mapping[str, str] | None = None,
-    *,
-    facts: SiteFacts | None = None,
-    named: str = "explicit (--profile)",
-    found: Survey | None = None,
+    facts: SiteFacts | None,
+    named: str,
+    found: Survey | None,
 ) -> tuple[Profile | None, str, list[str]]:
     """The profile ``--profile NAME|PATH|auto`` names, how it was chosen (``named`` when named), and
     notes; ``facts``: a described node's instead of this machine's; ``found``: an earlier survey."""
-    if spec != "auto" and names_file(spec):
-        return load_file(spec), named, []
+    if spec != "auto":  # a file is read alone; a name is looked up in ``found``
+        return resolve(spec, extra, found), named, found.notes_for(spec) if found else []
     found = found or survey(extra)
-    if spec != "auto":
-        return resolve(spec, extra, found), named, found.notes_for(spec)
     notes = found.notes_for() + [f"broken profile, not considered: {exc}" for exc in found.broken]
     problems: list[str] = []
     if facts is None:
-        facts = site_facts(site or detect_site(env), device, env, problems=problems)
+        facts = site_facts(detect_site(), device, problems=problems)
     profile, matched, more = auto_detect(found.profiles.values(), facts)
     return profile, matched, notes + more + list(dict.fromkeys(problems))
 
@@ -270,34 +254,6 @@ def unmet(
     return out
 
 
-def enforce(
-    profile: Profile, fingerprint: Mapping[str, Any], libraries: Mapping[str, str | None]
-) -> list[str]:
-    """Raise ProfileUnmet (exit 4) listing every unmet requirement that is an error; return the
-    warnings."""
-    problems = unmet(profile, fingerprint, libraries)
-    strict = profile.default_strictness == "error"
-    errors = [u for u in problems if strict and u.group not in profile.warn_groups]
-    warnings = [f"profile {profile.name}: {u}" for u in problems if u not in errors]
-    if errors:
-        lines = "\n".join(f"  - {u}" for u in errors)
-        todo = [USER_FIX[g] for g in dict.fromkeys(u.group for u in errors)]
-        if profile.help:
-            todo.insert(0, f"{profile.name}: {profile.help}")
-        todo.append("or use the profile of the machine you are on (--profile NAME, or auto)")
-        raise ProfileUnmet(
-            f"this machine does not meet profile {profile.name!r} ({len(errors)} unmet):\n{lines}",
-            path=profile.path,
-            fix="; ".join(todo),
-        )
-    return warnings
-
-
-def required_libraries(profile: Profile) -> list[str]:
-    """The library keys a profile's requirements name (``distribution`` or ``name@variant``)."""
-    return sorted({*profile.requires.get("libraries", {}), *profile.requires.get("forbidden", {})})
-
-
 def library_facts(
     keys: Iterable[str], described: Mapping[str, Mapping[str, Any]] | None = None
 ) -> dict[str, str | None]:
@@ -330,4 +286,64 @@ def library_facts(
         if found is not None and (not found.usable or (at and found.key != variant)):
             version = None
         out[key] = None if at and found is None else version
+    return out
+
+
+@dataclass
+class Judgement:
+    """What ``--profile`` decides on a node (:func:`judge`); a refusal of either kind is exit 4."""
+
+    profile: Profile | None
+    matched: str
+    notes: list[str]
+    seen: Profile | None = None
+    seen_by: str = ""
+    site_refusal: ProfileUnmet | None = None
+    unmet: list[Unmet] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    refusal: ProfileUnmet | None = None
+
+
+def judge(
+    spec: str,
+    dirs: Sequence[str],
+    device: Mapping[str, Any],
+    fingerprint: Callable[[], Mapping[str, Any]],
+    *,
+    facts: SiteFacts | None = None,
+    described: Mapping[str, Mapping[str, Any]] | None = None,
+    named: str = "explicit (--profile)",
+    where: str = "this machine",
+) -> Judgement:
+    """A node by the profile ``spec`` names (:func:`choose`), for a named one by its site signals
+    (:func:`other_site`; ``seen``: where they point), then by its requirements (the refusal lists
+    every unmet one that is an error). A described node: its site ``facts``, its libraries."""
+    found = None if names_file(spec) else survey(dirs)
+    profile, matched, notes = choose(spec, dirs, device, facts, named, found)
+    out = Judgement(profile, matched, notes)
+    if profile is None:
+        return out
+    if spec != "auto":  # named: a node its site signals place at another site is not its
+        out.seen, out.seen_by, _ = choose("auto", dirs, device, facts, named, found)
+        try:
+            other_site(profile, out.seen, out.seen_by, where)
+        except ProfileUnmet as exc:
+            out.site_refusal = exc
+    keys = sorted({*profile.requires.get("libraries", {}), *profile.requires.get("forbidden", {})})
+    out.unmet = unmet(profile, fingerprint(), library_facts(keys, described))
+    strict = profile.default_strictness == "error"
+    errors = [u for u in out.unmet if strict and u.group not in profile.warn_groups]
+    if not errors:
+        out.warnings = [f"profile {profile.name}: {u}" for u in out.unmet]
+        return out
+    todo = [GROUPS[g] for g in dict.fromkeys(u.group for u in errors)]
+    if profile.help:
+        todo.insert(0, f"{profile.name}: {profile.help}")
+    todo.append("or use the profile of the machine you are on (--profile NAME, or auto)")
+    lines = "\n".join(f"  - {u}" for u in errors)
+    out.refusal = ProfileUnmet(
+        f"this machine does not meet profile {profile.name!r} ({len(errors)} unmet):\n{lines}",
+        path=profile.path,
+        fix="; ".join(todo),
+    )
     return out

@@ -26,7 +26,15 @@ from kernel_probe.shapes import parse_shape
 from kernel_probe.tables import TableReader
 
 PROFILE_VERSION = "1"
-GROUPS = ("device", "count", "versions", "libraries", "forbidden")  # strictness groups
+# the strictness groups, each with what a refused user can do (about their job, not the profile)
+GROUPS = {
+    "device": "run on one of the site's GPU nodes, inside a GPU job",
+    "count": "ask the job for GPUs and keep them visible (CUDA_VISIBLE_DEVICES, "
+    "HIP_VISIBLE_DEVICES)",
+    "versions": "use a torch build in the required range (the site's module or container)",
+    "libraries": "install the required libraries in this environment (or load the site's module)",
+    "forbidden": "uninstall the forbidden library, or use another environment without it",
+}
 MAX_BYTES = 1 << 20  # a profile is a few kB
 
 # [detect] signals. A strong one names the site (its own variable or marker file, the Slurm
@@ -420,26 +428,25 @@ def parse(text: str, path: str) -> Profile:
     )
 
 
-def load_file(path: str | os.PathLike[str]) -> Profile:
-    """The profile file at ``path``, read through the safe reader, parsed by :func:`from_bytes`."""
-    p = Path(path)
+def read_text(
+    path: str, limit: int, error: type[InputFileError], missing: str, directory: str | None = None
+) -> str:
+    """The UTF-8 text of the regular file at ``path`` (at most ``limit`` bytes), else ``error``
+    (exit 5) says why: ``missing``, the fix for no such file; ``directory``, for a directory."""
     try:
-        raw = read_regular(p, MAX_BYTES)
+        return read_regular(path, limit).decode("utf-8")
     except FileNotFoundError:
-        fix = "check the path, or use `kernel-probe profiles list`"
-        raise ProfileError("no such file", path=str(p), fix=fix) from None
+        raise error("no such file", path=path, fix=missing) from None
     except UnsafeFile as exc:
-        fix = "pass a .toml file, or use --profiles-dir" if "directory" in exc.problem else exc.fix
-        raise ProfileError(exc.problem, path=str(p), fix=fix or None) from None
-    except OSError as exc:
-        raise ProfileError(f"cannot read: {exc}", path=str(p)) from None
-    return from_bytes(raw, str(p))
+        fix = directory if directory and "directory" in exc.problem else exc.fix
+        raise error(exc.problem, path=path, fix=fix or None) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise error(f"cannot read: {exc}", path=path) from None
 
 
-def from_bytes(raw: bytes, path: str) -> Profile:
-    """The profile in the bytes read from the file ``path`` (UTF-8 TOML), parsed; ProfileError."""
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise ProfileError(f"cannot read: {exc}", path=path) from None
-    return parse(text, path)
+def load_file(path: str | os.PathLike[str]) -> Profile:
+    """The profile file at ``path``, read through the safe reader (:func:`read_text`), parsed."""
+    p = str(Path(path))
+    missing = "check the path, or use `kernel-probe profiles list`"
+    directory = "pass a .toml file, or use --profiles-dir"
+    return parse(read_text(p, MAX_BYTES, ProfileError, missing, directory), p)

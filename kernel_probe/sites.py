@@ -31,7 +31,7 @@ from kernel_probe.candidates import DEVICE_TYPES
 from kernel_probe.detect.host import read_marker
 from kernel_probe.detect.libraries import known
 from kernel_probe.errors import InputFileError, UsageError
-from kernel_probe.profiles import MAX_BYTES, Profile, ProfileError, from_bytes, load_file
+from kernel_probe.profiles import MAX_BYTES, Profile, ProfileError, load_file, parse, read_text
 
 ENV_VAR = "KERNEL_PROBE_PROFILES"
 BUILTIN_PACKAGE_DIR = "sites"  # under kernel_probe/profiles/; pyproject.toml's package-data too
@@ -115,10 +115,10 @@ def survey(extra: Iterable[str] = ()) -> Survey:
                 if not _DECLARES_PROFILE.search(raw):
                     skipped.append(f.name)
                     continue
-                out._add(from_bytes(raw, str(f)), f, d, builtin)
+                out._add(parse(raw.decode("utf-8"), str(f)), f, d, builtin)
             except UnsafeFile:
                 skipped.append(f.name)
-            except OSError as exc:
+            except (OSError, UnicodeDecodeError) as exc:
                 out.broken.append(ProfileError(f"cannot read: {exc}", path=str(f)))
             except ProfileError as exc:
                 out.broken.append(exc)
@@ -218,15 +218,8 @@ def load_node(spec: str) -> Node:
                 "node.json` on the node)",
             )
         return load_node(str(known[spec]))
-    try:
-        text = read_regular(spec, MAX_NODE_BYTES).decode("utf-8")
-    except FileNotFoundError:
-        fix = "write one with `kernel-probe env --json > node.json` on the node"
-        raise NodeError("no such file", path=spec, fix=fix) from None
-    except UnsafeFile as exc:
-        raise NodeError(exc.problem, path=spec, fix=exc.fix or None) from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise NodeError(f"cannot read: {exc}", path=spec) from None
+    missing = "write one with `kernel-probe env --json > node.json` on the node"
+    text = read_text(spec, MAX_NODE_BYTES, NodeError, missing)
     try:
         data = json.loads(text)
     except (ValueError, RecursionError) as exc:

@@ -6,15 +6,15 @@ import argparse
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from kernel_lock.slots import DTYPES, short_dtype, slot_name_fix
+from kernel_lock.slots import DTYPES, short_dtype
 from kernel_probe import output
 from kernel_probe import slots as slot_behaviour
-from kernel_probe.errors import ForcedUnusable, UsageError
+from kernel_probe.errors import ForcedUnusable
 from kernel_probe.isolation.protocol import INTERPRETED
 from kernel_probe.output import count, safe, seconds
+from kernel_probe.probe import planning
 from kernel_probe.probe.judge import Policy
 from kernel_probe.probe.limits import CHECK_HIDDEN, CHECK_TIMEOUT, COMPILED_FACTOR, IMPORT_TIMEOUT
-from kernel_probe.probe.planning import detect_device, gather_candidates
 from kernel_probe.probe.report import Report, Verdict
 
 
@@ -58,6 +58,15 @@ CANDIDATE_SWITCHES = {
 }
 
 
+def declared_from(args: argparse.Namespace) -> dict[str, str]:
+    """Per slot, what the model declares of it on the command line (``Slot.option``)."""
+    return {
+        s.name: getattr(args, s.option.dest)
+        for s in slot_behaviour.SLOTS.values()
+        if s.option is not None
+    }
+
+
 def policy_from(args: argparse.Namespace) -> Policy:
     """The judging policy the command line asks for (--allow-init-change, --strict-dtype)."""
     return Policy(
@@ -95,21 +104,15 @@ def run_check(args: argparse.Namespace) -> int:
     if args.graph_attention:
         return _graph_attention(args.graph_attention, dtypes, args.json)
     plan = dtype_plan(dtypes, ("true", "mixed") if args.regime == "both" else (args.regime,))
-    candidates, problems = gather_candidates(args.candidate, plugins=not args.no_plugins)
+    candidates, problems = planning.gather_candidates(args.candidate, plugins=not args.no_plugins)
     for problem in problems:
         output.warn(problem)
-    device = detect_device()
+    device = planning.detect_device()
     for problem in slot_behaviour.load_plugins() if not args.no_plugins else []:
         output.warn(problem)
-    for name in args.slot:
-        if name not in slot_behaviour.SLOTS:
-            raise UsageError(f"--slot {name}: unknown slot {name!r}", fix=slot_name_fix(name))
-    slots = args.slot or [s.name for s in slot_behaviour.SLOTS.values() if s.spec.by_default]
-    canonical = {}
-    for s in slot_behaviour.SLOTS.values():
-        if declared := (getattr(args, s.option.dest) if s.option is not None else ""):
-            s.refuse(declared)
-            canonical[s.name] = s.canonical(declared, None)
+    slots = planning.select_slots(args.slot)
+    planning.refuse_declared(declared := declared_from(args))
+    canonical = {n: slot_behaviour.slot(n).canonical(d, None) for n, d in declared.items() if d}
     progress = None if args.json else (lambda slot, cid: output.info(f"checking {slot}: {cid} ..."))
     reports = check_all(
         slots,
@@ -170,7 +173,7 @@ def _graph_attention(backends: Sequence[str], dtypes: Sequence[str], as_json: bo
     # reason: the worker's machinery, which the warm path (commands/probe imports this) never loads
     from kernel_probe.probe.graph_attention import check_backend
 
-    device = detect_device()["type"]
+    device = planning.detect_device()["type"]
     reports = [check_backend(b, device, dtypes) for b in backends]
     if as_json:
         output.print_json({"device": device, "graph_attention": [r.to_json() for r in reports]})

@@ -15,7 +15,7 @@ from typing import Any
 from kernel_lock.slots import PRECISIONS
 from kernel_probe import jobstart, output
 from kernel_probe import slots as slot_behaviour
-from kernel_probe.commands.check import add_candidate_arguments, status_cell
+from kernel_probe.commands.check import add_candidate_arguments, declared_from, status_cell
 from kernel_probe.errors import UsageError
 from kernel_probe.isolation.protocol import INTERPRETED, TimingProgressMessage
 from kernel_probe.output import DEFAULT_LOCK, count, safe, seconds
@@ -170,11 +170,7 @@ def request_from(args: argparse.Namespace) -> ProbeRequest:
         profiles_dirs=tuple(args.profiles_dir),
         check_only=args.check,
         command=("kernel-probe " + shlex.join(sys.argv[1:])).strip(),
-        declared={
-            s.name: getattr(args, s.option.dest)
-            for s in slot_behaviour.SLOTS.values()
-            if s.option is not None
-        },
+        declared=declared_from(args),
         model_check=not args.no_model_check,
         **{name: getattr(args, name) for name in AS_PARSED},
     )

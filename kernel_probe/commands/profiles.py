@@ -190,51 +190,45 @@ def _match(args: argparse.Namespace) -> int:
     else:
         device = {key: node.fingerprint[f"device-{key}"] for key in DETECT_DEVICE_KEYS}
         facts = sites.node_facts(node)
-    named = "named (profiles match NAME)"
-    profile, matched, notes = profile_match.choose(
-        args.name, args.profiles_dir, device, facts=facts, named=named
-    )
     current: dict[str, Any] = dict(node.fingerprint) if node else fingerprint.current()
     where = f"the node described in {node.path}" if node else "this machine"
-    site_refusal: ProfileUnmet | None = None
-    seen_by = ""
-    if profile is not None and args.name != "auto":  # named: do the site's signals agree?
-        seen, by, _ = profile_match.choose("auto", args.profiles_dir, device, facts=facts)
-        try:
-            profile_match.other_site(profile, seen, by, where)
-        except ProfileUnmet as exc:
-            site_refusal = exc
-        if seen is None or seen.name != profile.name:
-            notes.append(
-                f"the site signals {'of this node' if node else 'here'} "
-                + (f"point to profile {seen.name}" if seen else "match no profile")
-                + f", not {profile.name}: is this the right profile?"
-            )
-        seen_by = f"{seen.name} ({by})" if seen else ""
+    judged = profile_match.judge(
+        args.name,
+        args.profiles_dir,
+        device,
+        lambda: current,
+        facts=facts,
+        described=node.libraries if node else None,
+        named="named (profiles match NAME)",
+        where=where,
+    )
+    profile, seen, notes = judged.profile, judged.seen, judged.notes
+    if profile is not None and args.name != "auto" and (seen is None or seen.name != profile.name):
+        notes.append(
+            f"the site signals {'of this node' if node else 'here'} "
+            + (f"point to profile {seen.name}" if seen else "match no profile")
+            + f", not {profile.name}: is this the right profile?"
+        )
     result: dict[str, Any] = {
         "profile": profile.name if profile else None,
         "node": args.node,
-        "matched": matched,
+        "matched": judged.matched,
         "notes": notes,
         "unmet": [],
-        "warnings": [],
+        "warnings": judged.warnings,
         "help": profile.help if profile else "",
         "device-name-note": None if node else fingerprint.device_name_note(current),
     }
-    code, refusal = 0, None
+    # requirements unmet come before another site's signals, whatever its hardware meets
+    refusal = judged.refusal or judged.site_refusal
+    code = 0 if refusal is None else 4
     if profile is not None:
-        keys = profile_match.required_libraries(profile)
-        libs = profile_match.library_facts(keys, node.libraries if node else None)
-        try:
-            result["warnings"] = profile_match.enforce(profile, current, libs)
-        except ProfileUnmet as exc:
-            code, refusal = 4, exc
         result["unmet"] = [
             {"group": u.group, "field": u.field, "expected": u.expected, "found": u.found}
-            for u in profile_match.unmet(profile, current, libs)
+            for u in judged.unmet
         ]
-        if site_refusal is not None:  # another site's node, whatever its hardware meets
-            code, refusal = 4, refusal or site_refusal
+        if judged.site_refusal is not None:
+            seen_by = f"{seen.name} ({judged.seen_by})" if seen else ""
             site = {"group": "site", "field": "site signals", "expected": profile.name}
             result["unmet"].insert(0, {**site, "found": seen_by})
         result["fix"] = refusal.fix if refusal else None

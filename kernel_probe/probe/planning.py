@@ -234,7 +234,9 @@ def plan(request: ProbeRequest, events: Events | None = None) -> Plan:
     """Decide what ``request`` means here (the module docstring's refusals first)."""
     events = events or Events()
     asked, own = _refuse_bad_arguments(request)
-    slots, slot_problems = _slots(request)
+    slot_problems = slot_behaviour.load_plugins() if request.plugins else []
+    forced = (("--pin", request.pins), ("--prefer", request.prefers))
+    slots = select_slots(request.slots, request.declared, forced)
     shaping.refuse_misread(asked, own, {name: slot_behaviour.slot(name) for name in slots})
     device = detect_device()
     profile, matched = _apply_profile(request, device, events)
@@ -383,9 +385,7 @@ def _refuse_bad_arguments(request: ProbeRequest) -> shaping.Split:
         raise UsageError(
             f"unknown precision {request.precision!r}", fix=f"use one of {', '.join(PRECISIONS)}"
         )
-    for name, declared in request.declared.items():
-        if declared:
-            slot_behaviour.slot(name).refuse(declared)
+    refuse_declared(request.declared)
     frommodel.refuse(request)
     if request.check_only and request.force:
         raise UsageError("--check and --force contradict each other")
@@ -394,17 +394,27 @@ def _refuse_bad_arguments(request: ProbeRequest) -> shaping.Split:
     return asked
 
 
-def _slots(request: ProbeRequest) -> tuple[tuple[str, ...], list[str]]:
-    """The slots probed (those named, else the default ones), and the problems of plug-in slots."""
-    problems = slot_behaviour.load_plugins() if request.plugins else []
+def select_slots(
+    named: Sequence[str],
+    declared: Mapping[str, str] | None = None,
+    forced: Sequence[tuple[str, Mapping[str, str]]] = (),
+) -> tuple[str, ...]:
+    """The slots named (--slot; an unknown one, or one ``forced`` pairs name, is exit 2), else
+    those each slot's declaration wants (none declared: the default ones)."""
     known = slot_behaviour.SLOTS
-    forced = (("--pin", request.pins), ("--prefer", request.prefers))
-    named = [(f"{flag} {f'{n}={c}'!r}", n) for flag, given in forced for n, c in given.items()]
-    for said, name in [*named, *((f"--slot {n}", n) for n in request.slots)]:
+    pairs = [(f"{flag} {f'{n}={c}'!r}", n) for flag, given in forced for n, c in given.items()]
+    for said, name in [*pairs, *((f"--slot {n}", n) for n in named)]:
         if name not in known:
             raise UsageError(f"{said}: unknown slot {name!r}", fix=slot_name_fix(name))
-    wanted = (s.name for s in known.values() if s.wanted(request.declared.get(s.name, "")))
-    return tuple(request.slots) or tuple(wanted), problems
+    wanted = (s.name for s in known.values() if s.wanted((declared or {}).get(s.name, "")))
+    return tuple(named) or tuple(wanted)
+
+
+def refuse_declared(declared: Mapping[str, str]) -> None:
+    """What the model declares of each slot (``Slot.option``), checked (exit 2)."""
+    for name, value in declared.items():
+        if value:
+            slot_behaviour.slot(name).refuse(value)
 
 
 def _apply_profile(
@@ -413,26 +423,22 @@ def _apply_profile(
     """Load the profile (or auto-detect it), enforce its requirements (exit 4 on unmet)."""
     if not request.profile:
         return None, ""
-    from kernel_probe import profile_match, sites  # never imported by a run without a profile
+    from kernel_probe import profile_match  # never imported by a run without a profile
 
-    dirs = request.profiles_dirs
-    # the directories surveyed once, for the profile named and for the site's signals alike
-    found = None if sites.names_file(request.profile) else sites.survey(dirs)
-    profile, matched, notes = profile_match.choose(request.profile, dirs, device, found=found)
-    for note in notes:
+    judged = profile_match.judge(request.profile, request.profiles_dirs, device, here.for_check)
+    for note in judged.notes:
         events.note(f"profile {request.profile}: {note}")
-    if profile is None:
+    if (profile := judged.profile) is None:
         events.note("profile auto: no profile's site signals matched this machine; none applied")
         return None, ""
     if request.profile == "auto":
-        events.note(f"profile auto: {profile.name} (matched {matched})")
-    else:  # named: a node that its site signals place at another site is not this profile's
-        seen, seen_by, _ = profile_match.choose("auto", dirs, device, found=found)
-        profile_match.other_site(profile, seen, seen_by)
-    libs = profile_match.library_facts(profile_match.required_libraries(profile))
-    for warning in profile_match.enforce(profile, here.for_check(), libs):
+        events.note(f"profile auto: {profile.name} (matched {judged.matched})")
+    for refusal in (judged.site_refusal, judged.refusal):
+        if refusal is not None:
+            raise refusal
+    for warning in judged.warnings:
         events.warn(warning)
-    return profile, matched
+    return profile, judged.matched
 
 
 def check_forced(
