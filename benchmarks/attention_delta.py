@@ -79,7 +79,7 @@ def grads(fn, case: tuple, dtype: torch.dtype) -> list[torch.Tensor]:
 
 
 def rows(device: str) -> dict[str, object]:
-    """Each path's attention function, and why one that cannot run here does not."""
+    """Each path's attention function by its label (one that cannot run here raises when called)."""
     paths: dict[str, object] = {"sdpa": F.scaled_dot_product_attention}
     for name, backend in BACKENDS.items():
 

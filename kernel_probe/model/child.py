@@ -234,12 +234,19 @@ def _callable(spec: Mapping[str, str]) -> tuple[Callable[[], Any], str]:
         if not callable(getattr(obj, ANEMOI_BUILDER[1], None)):
             raise ModelCodeError(f"{what} has no {ANEMOI_BUILDER[1]}(config)")
         return partial(getattr(obj, ANEMOI_BUILDER[1]), spec["source"]), ".".join(ANEMOI_BUILDER)
-    try:  # the model's code runs here too (a property, a __getattr__, a __signature__)
+    with _models_code(spec["call"]):  # it runs here too: a property, __getattr__, __signature__
         return _named(obj, spec, what)
+
+
+@contextlib.contextmanager
+def _models_code(call: str) -> Iterator[None]:
+    """What the block raises is the model's code's: a ModelCodeError naming ``call``."""
+    try:
+        yield
     except ModelCodeError:
         raise
     except BaseException as exc:
-        raise ModelCodeError(f"{spec['call']}() raised {type(exc).__name__}: {exc}") from None
+        raise ModelCodeError(f"{call}() raised {type(exc).__name__}: {exc}") from None
 
 
 def _named(obj: Any, spec: Mapping[str, str], what: str) -> tuple[Callable[[], Any], str]:
@@ -286,13 +293,8 @@ def _build(
 ) -> tuple[nn.Module, tuple, dict]:
     """The model, args and kwargs ``fn`` builds on ``device``; what it raises is the model's
     code's (ModelCodeError) with ``wrap``."""
-    try:
-        with torch.device(device):
-            value = fn()
-    except BaseException as exc:
-        if not wrap:
-            raise
-        raise ModelCodeError(f"{call}() raised {type(exc).__name__}: {exc}") from None
+    with _models_code(call) if wrap else contextlib.nullcontext(), torch.device(device):
+        value = fn()
     return _unpack(value, call)
 
 
