@@ -41,6 +41,7 @@ sys.path[:0] = [str(BENCH), str(ROOT)]
 
 from kernel_lock import launch  # noqa: E402  (this checkout's, found through ROOT)
 from kernel_lock.launch import python_argv  # noqa: E402
+from tests.anemoi_build import CPU_HEADS  # noqa: E402
 from tests.model_locks import CALIBRATION, TORCH, pinned_lock  # noqa: E402
 
 SPEC = f"{ROOT}/tests/models/block.py:build"
@@ -109,9 +110,10 @@ def cost(steps: int) -> None:
     print(f"step time: {step_line(body['timing'])}")
 
 
-def anemoi_config(folder: Path, data: str, hidden: str) -> str | None:
-    """``anemoi:`` spec of anemoi-training's transformer preset at the given grids, or None (with
-    the reason printed) where anemoi-training is not installed."""
+def anemoi_config(folder: Path, data: str, hidden: str, heads: int | None = None) -> str | None:
+    """``anemoi:`` spec of anemoi-training's transformer preset at the given grids and attention
+    heads (None: the preset's 16), or None (with the reason printed) where anemoi-training is not
+    installed."""
     from importlib.util import find_spec
 
     from tests.anemoi_build import write_sized
@@ -121,7 +123,7 @@ def anemoi_config(folder: Path, data: str, hidden: str) -> str | None:
             "anemoi's transformer: not run (anemoi-training is not installed: .ci/anemoi-install)"
         )
         return None
-    return f"anemoi:{write_sized(folder / 'training.yaml', 'transformer', data, hidden)}"
+    return f"anemoi:{write_sized(folder / 'training.yaml', 'transformer', data, hidden, heads)}"
 
 
 def calibrate(steps: int) -> None:
@@ -178,7 +180,9 @@ def kit(out: Path, lock_path: Path | None, smoke: bool) -> int:
         lock = lock_path if lock_path and lock_path.exists() else None
         lock = lock or pinned_lock(Path(tmp) / "torch.toml", TORCH)
         result["lock"] = str(lock)
-        anemoi = anemoi_config(Path(tmp), *(("o16", "o16") if smoke else ("o96", "o32")))
+        # smoke: tests/anemoi_build.py's CPU heads (its comment says why); the GPU: the preset's
+        grids = ("o16", "o16", CPU_HEADS) if smoke else ("o96", "o32", None)
+        anemoi = anemoi_config(Path(tmp), *grids)
         specs = {"README block": SPEC} | ({"anemoi transformer": anemoi} if anemoi else {})
         for name, spec in specs.items():
             _, body = checked(spec, lock, 2, tmp, "--device", device)

@@ -279,6 +279,14 @@ SLOW_MODULES = (
     # builds anemoi-models' GraphTransformer and Transformer processors (imports anemoi and PyG:
     # seconds)
     "kernel_probe/anemoi/test_processor_builds.py",
+    "kernel_probe/anemoi/test_model_build.py",
+    "kernel_probe/anemoi/test_builds.py",
+    "kernel_probe/anemoi/test_recipe.py",
+    "kernel_probe/model/test_calibration.py",
+    "kernel_probe/model/test_check_anemoi.py",
+    "kernel_probe/model/test_trace_child.py",
+    "test_timing_runs_alone.py",
+    "test_worker_exit.py",
 )
 
 

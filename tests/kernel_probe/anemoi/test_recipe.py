@@ -25,7 +25,7 @@ pytest.importorskip(
 pytestmark = [pytest.mark.anemoi, pytest.mark.slow]
 
 import kernel_lock  # noqa: E402
-from tests.anemoi_build import deep_merge, write_overlay  # noqa: E402
+from tests.anemoi_build import CPU_HEADS, deep_merge, write_overlay  # noqa: E402
 from tests.conftest import run_cli  # noqa: E402
 
 # a dataset name carrying its grid (kernel_probe.anemoi.grids): O16's 4 * 16 * 25 = 1,600 points
@@ -34,13 +34,15 @@ DATASET = "/nonexistent/aifs-o16-unused.zarr"
 
 def users_config(tmp_path: Path, preset: str) -> Path:
     """The user's overlay: anemoi-training's defaults with ``model: <preset>``, CPU-sized; for the
-    transformer its preset's attention as shipped (flash_attention, window 512)."""
+    transformer its preset's attention as shipped (flash_attention, window 512) with CPU_HEADS
+    heads."""
     path = write_overlay(tmp_path / f"{preset}.yaml", preset)
     body = yaml.safe_load(path.read_text())
     body["system"]["input"]["dataset"] = DATASET
     hidden: dict[str, object] = {"resolution": 2}  # multi_scale's TriNodes: 162 nodes
     if preset == "transformer":
         del body["model"]["processor"]["attention_implementation"]  # the preset's flash_attention
+        body["model"]["processor"]["num_heads"] = CPU_HEADS
         hidden = {"grid": "o16"}  # encoder_decoder_only's reduced Gaussian grid: 1,600 nodes
     body["graph"] = {"nodes": {"hidden": {"node_builder": hidden}}}
     path.write_text(yaml.safe_dump(body, sort_keys=False))
@@ -55,7 +57,7 @@ def test_the_docs_recipe_ends_in_exit_0(tmp_path, capsys, preset):
     written = kernel_lock.load(lock)
     assert written.model is not None and written.model.spec == f"anemoi:{config}"
     attention = [s for s in written.model.sites if s.slot == "Attention"]
-    if preset == "transformer":  # 16 heads of 32 / 16 channels over O16's 1,600 nodes
+    if preset == "transformer":  # 2 heads of 32 / 2 channels over O16's 1,600 nodes
         assert len(attention) == 2 and all(
             s.kind == "module" and s.semantics["window"] == 512 and s.semantics["seq_q"] == 1600
             for s in attention
