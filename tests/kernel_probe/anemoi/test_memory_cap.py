@@ -50,6 +50,7 @@ def test_the_budget_on_top_still_ends_in_a_memory_error():
     assert not result.ok and result.raised.get("raised") == "MemoryError", result
 
 
+@pytest.mark.slow  # the compose child imports Hydra, then expands until the cap: ~5 s
 @pytest.mark.skipif(importlib.util.find_spec("hydra") is None, reason="hydra-core not installed")
 def test_the_cap_still_stops_a_yaml_alias_bomb_in_the_compose_child(tmp_path, monkeypatch):
     """Hydra expands the aliases (10**6 strings, an OmegaConf node each: GBs) in the child, which

@@ -91,6 +91,7 @@ def test_check_mode(probed, tmp_path, capsys):
     assert not (tmp_path / "missing.toml").exists()
 
 
+@pytest.mark.slow  # three probes, each with its worker: ~7 s
 def test_a_probe_that_replaces_a_lock_says_why_as_check_does(tmp_path, capsys):
     """Issue 57: a lock probed at other shapes is replaced with one line saying why, the reason
     --check gives (one staleness comparison); a new lock says nothing of replacing."""

@@ -90,20 +90,30 @@ def test_a_forced_backend_that_refuses_cpu_is_unavailable_with_torchs_reason(cid
     assert "No viable backend for scaled_dot_product_attention" in report.reasons[0]
 
 
+@pytest.fixture(scope="module")
+def worker():
+    """One probe worker for the module's checks through a worker (a start costs ~1 s of CPU); each
+    check reports from its own requests, as in a probe, where one worker checks many candidates."""
+    from kernel_probe.isolation.worker import Worker
+
+    with Worker() as w:
+        yield w
+
+
 @pytest.mark.parametrize(
     ("cid", "devices"), [("torch.sdpa.efficient", "cuda, rocm"), ("torch.sdpa.cudnn", "cuda")]
 )
-def test_a_backend_of_other_devices_says_where_it_runs_and_keeps_torchs_refusal(cid, devices):
+def test_a_backend_of_other_devices_says_where_it_runs_and_keeps_torchs_refusal(
+    cid, devices, worker
+):
     """As the probe and `check` judge it (issue 57): "runs on cuda" rather than torch's raw
     "No viable backend ...", which stays as the detail of the call tried here."""
-    from kernel_probe.isolation.worker import Worker
     from kernel_probe.probe.check import check_candidate
 
     cand = next(c for c in cands.builtin() if c.id == cid)
-    with Worker() as worker:
-        report = check_candidate(
-            cand, "Attention", "cpu", FP32, worker, canonical=attention.canonical_options(None)
-        )
+    report = check_candidate(
+        cand, "Attention", "cpu", FP32, worker, canonical=attention.canonical_options(None)
+    )
     assert report.status == "unavailable"
     said = (
         f"runs on {devices}; this device is cpu; trying it raised RuntimeError: No viable backend"
