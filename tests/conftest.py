@@ -305,21 +305,37 @@ def pytest_ignore_collect(collection_path, config):
     return None
 
 
-# The modules that take longest (`pytest --durations`, 2026-12-02; each is seconds to minutes of
-# module fixtures or interpreted kernels), longest first. Under pytest-xdist each module runs whole
-# on one worker (a module fixture is set up once), and these are handed out first, so that no worker
-# is left running one of them alone at the end; run serially, the order changes nothing.
+# The modules that take longest (`pytest --durations=0`, 2026-12-05: each over 15 s of set-up, calls
+# and teardown, from module fixtures, children or interpreted kernels), longest first. Under
+# pytest-xdist each module runs whole on one worker (a module fixture is set up once), and these
+# are handed out first, so that no worker is left running one of them alone at the end; run
+# serially, the order changes nothing.
 HEAVY_FIRST = (
     "kernel_probe/anemoi/test_pipelines.py",
-    "kernel_probe/probe/test_check_liger.py",
+    "kernel_probe/anemoi/test_recipe.py",
+    "kernel_probe/anemoi/test_schema_check.py",
     "test_gpu_kit.py",
-    "kernel_probe/probe/test_graph_attention.py",
+    "kernel_probe/commands/test_probe.py",
+    "kernel_probe/probe/test_check_liger.py",
     "kernel_lock/test_anemoi.py",
+    "kernel_probe/model/test_calibration.py",
+    "kernel_probe/probe/test_graph_attention.py",
     "kernel_probe/probe/test_judge_effects.py",
+    "kernel_probe/anemoi/test_model_build.py",
+    "test_model_end_to_end.py",
+    "kernel_lock/test_anemoi_model.py",
     "kernel_probe/probe/test_judge_zoo.py",
-    "kernel_probe/anemoi/test_entry_checks.py",
+    "kernel_probe/model/test_check_anemoi.py",
+    "kernel_probe/model/test_agreement.py",
+    "kernel_probe/model/test_trace_child.py",
     "kernel_lock/test_anemoi_generic.py",
-    "kernel_lock/test_schema_docs.py",
+    "kernel_probe/anemoi/test_builds.py",
+    "kernel_lock/test_blas.py",
+    "kernel_probe/probe/test_in_use_slots.py",
+    "kernel_probe/jobstart/test_handoff.py",
+    "kernel_probe/isolation/test_worker.py",
+    "kernel_probe/probe/test_in_use.py",
+    "kernel_probe/probe/test_atshape.py",
 )
 
 

@@ -3,7 +3,8 @@
 A candidate that segfaults, aborts, hangs, forks or runs out of memory costs only its worker: the
 caller gets ``WorkerDied`` (with stderr's tail), the next call a fresh worker. Replies are read with
 ``select`` against a deadline; the worker's stdout goes to stderr (a library that prints cannot
-corrupt the protocol); it reports the torch functions (``TORCH_SURFACE``) a candidate replaced."""
+corrupt the protocol); it reports the torch functions (``TORCH_SURFACE``) a candidate replaced
+and a mode it left on torch's stacks (``MODE_STACKS``)."""
 
 from __future__ import annotations
 
@@ -50,6 +51,11 @@ TORCH_SURFACE = (
     "torch.autograd.backward",
     *(f"torch.Tensor.{m}" for m in ("__add__", "__mul__", "__sub__", "pow", "mean", "to")),
 )
+# torch's mode stacks by how tampering names them, and the torch._C function giving each one's depth
+MODE_STACKS = {
+    "TorchFunctionMode stack": "_len_torch_function_stack",
+    "TorchDispatchMode stack": "_len_torch_dispatch_stack",
+}
 PING = PingRequest()
 Progress = Callable[[TimingProgressMessage], None]
 Spawned = tuple[subprocess.Popen[bytes], Any]  # a worker process and its stderr file
@@ -322,6 +328,10 @@ def _snapshot() -> dict[str, int]:
         for part in path.split(".")[1:]:
             obj = getattr(obj, part, None)
         out[path] = id(obj)
+    # a mode left on torch's stacks (torch.set_default_device's, a library's) sees every later call
+    torch_c: Any = getattr(sys.modules.get("torch"), "_C", None)
+    for name, depth in MODE_STACKS.items():
+        out[name] = getattr(torch_c, depth, lambda: 0)()
     return out
 
 
@@ -339,7 +349,8 @@ def interpreting() -> bool:
 
 
 def tampered() -> list[str]:
-    """The torch functions replaced since the worker started (empty: none)."""
+    """The torch functions replaced, and the mode stacks changed, since the worker started (empty:
+    none)."""
     if not _BASELINE_SURFACE:
         return []
     now = _snapshot()

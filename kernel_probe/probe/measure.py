@@ -251,14 +251,10 @@ def one_cpu_thread(device: str = "cpu") -> Iterator[None]:
 
 @contextlib.contextmanager
 def on_device(device: str) -> Iterator[None]:
-    """Tensors created inside land on ``device`` (torch.set_default_device), one CPU thread."""
-    before = torch.get_default_device()
-    torch.set_default_device(torch_device(device))
-    try:
-        with one_cpu_thread():
-            yield
-    finally:
-        torch.set_default_device(before)
+    """Tensors created inside land on ``device`` (torch.device as a context), one CPU thread; on
+    leaving, the process's default device is what it was, with no mode left behind."""
+    with torch.device(torch_device(device)), one_cpu_thread():
+        yield
 
 
 def autocasting(autocast: tuple[str, Any] | None) -> Any:

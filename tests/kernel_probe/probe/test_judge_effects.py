@@ -363,6 +363,26 @@ def test_each_candidate_reports_its_time(worker):
 
 
 # ---- one candidate poisoning the next one's verdict (hostile input, issue 14) --------------------
+@pytest.mark.slow  # a worker per library: seconds
+def test_a_library_leaving_a_mode_on_torchs_stack_is_refused():
+    """torch.set_default_device at import leaves a TorchFunctionMode on the stack, which every later
+    call of its worker goes through: refused as tampering, as a replaced torch function is; torch's
+    own candidate, in a worker of its own, is judged as ever."""
+    offered = [cands.from_command_line("LayerNorm=kp_default_device.DefaultDeviceLayerNorm")]
+    candidates, _ = cands.registry(offered, entry_points=False)
+    reports = {
+        r.id: r
+        for r in check_all(["LayerNorm"], candidates, "cpu", [("float32", "true")])["LayerNorm"]
+    }
+    left = reports["custom:kp_default_device.DefaultDeviceLayerNorm"]
+    assert left.status == "rejected", left.reasons
+    assert left.reasons[0].startswith(
+        "importing kp_default_device.DefaultDeviceLayerNorm replaced torch's own TorchFunctionMode "
+        "stack"
+    ), left.reasons
+    assert reports["torch.layer_norm"].status == "accepted"
+
+
 @pytest.mark.slow
 def test_a_library_patching_torch_is_refused_and_cannot_poison_another(tmp_path, capsys):
     offered = [

@@ -271,3 +271,28 @@ def test_a_kernel_that_is_only_right_on_easy_inputs_is_caught_by_some_case():
             one_pass_layer_norm(x), reference("layer_norm", x.to(F64), None, None, 1e-5)
         )
     assert errors["random"] < 1e-5 and errors["large-mean"] > 1e-2, errors
+
+
+# ---- on_device: the default device inside, nothing left behind -----------------------------------
+@pytest.mark.parametrize("raises", [False, True])
+def test_on_device_leaves_no_mode_and_the_default_device_as_it_was(raises):
+    """Before, leaving restored ``torch.set_default_device(torch.get_default_device())``: with no
+    default set that is ``cpu``, which pushes a device mode for good, so every later torch call in
+    the worker went through it (and a test of a mode left by a raising forward failed after it)."""
+    from kernel_probe.probe.measure import on_device
+
+    stack, default = torch._C._len_torch_function_stack(), torch.get_default_device()
+
+    class Raised(Exception):
+        pass
+
+    try:
+        with on_device("cpu"):
+            assert torch._C._len_torch_function_stack() == stack + 1
+            assert torch.empty(1).device.type == "cpu"
+            if raises:
+                raise Raised
+    except Raised:
+        pass
+    assert torch._C._len_torch_function_stack() == stack
+    assert torch.get_default_device() == default
