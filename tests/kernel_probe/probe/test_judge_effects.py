@@ -3,6 +3,7 @@ output dtype judged by its consequence, and the time one hanging library may cos
 
 from __future__ import annotations
 
+import os
 import time
 import warnings
 from dataclasses import replace
@@ -16,6 +17,7 @@ from kernel_lock.checkpoint import migrate_state_dict
 from kernel_probe import candidates as cands
 from kernel_probe.errors import ProbeError
 from kernel_probe.isolation.worker import PING, Worker
+from kernel_probe.probe import onetensor
 from kernel_probe.probe.check import check_all, check_candidate
 from kernel_probe.probe.choose import choose
 from kernel_probe.probe.judge import Policy
@@ -187,6 +189,25 @@ def test_varying_reduction_order_is_recorded_as_not_deterministic(worker):
         "differ between two runs on the same input" in n for v in r.verdicts for n in v.notes
     )
     assert check(worker, "LayerNorm=kp_zoo.norms.GoodLayerNorm").deterministic is True
+
+
+def test_the_repeat_runs_at_the_checks_rows_under_triton_interpret(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    assert onetensor.determinism_rows() == onetensor.DETERMINISM_ROWS == 512
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert onetensor.determinism_rows() == onetensor.CHECK_ROWS < 512
+
+
+@pytest.mark.slow
+def test_under_triton_interpret_the_smaller_repeat_still_catches_a_varying_kernel():
+    # one worker whose environment asks for Triton's interpreter: the repeat's 37 rows are enough
+    # to see a reduction whose order changes from call to call
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    with Worker(env) as interpreted:
+        plan = [("float32", "true")]
+        r = check(interpreted, "LayerNorm=kp_zoo.norms.UnorderedSumLayerNorm", plan=plan)
+        assert r.deterministic is False, r.verdicts
+        assert check(interpreted, "LayerNorm=kp_zoo.norms.GoodLayerNorm", plan=plan).deterministic
 
 
 @pytest.mark.slow
