@@ -21,7 +21,7 @@ from pathlib import Path
 import yaml
 
 from kernel_lock.files import write_file
-from kernel_probe.anemoi.pipelines import check_config
+from kernel_probe.anemoi.pipelines import check_configs
 
 SCHEMA_KINDS = ("schema", "preset")
 
@@ -64,8 +64,7 @@ def main() -> int:
         )
         rows = []
         start = time.perf_counter()
-        for path in paths:
-            result = check_config(path)
+        for path, result in zip(paths, check_configs(paths), strict=True):  # one child for all
             before = [
                 f for f in result.findings if f.severity == "error" and f.kind not in SCHEMA_KINDS
             ]

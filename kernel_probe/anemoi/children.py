@@ -259,15 +259,19 @@ def _validate(request: SchemaRequest, memory: int) -> dict[str, Any]:
 
 
 # ---- the schema and the entries in one child -----------------------------------------------------
-def check(payload: Mapping[str, Any]) -> dict[str, Any]:
-    """A ``ConfigCheckRequest`` -> its ``ConfigCheckReply`` (as JSON); whatever raises fails it."""
-    request = ConfigCheckRequest.from_json(payload)
-    schema: SchemaReply | None = None
-    if request.schema is not None:
-        schema = SchemaReply.from_json(_validate(request.schema, request.schema_memory))
-    entries = check_entries([e.to_json() for e in request.entries])
-    replies = tuple(EntryCheckReply.from_json(e) for e in entries)
-    return ConfigCheckReply(schema=schema, entries=replies).to_json()
+def check(payload: list[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """``ConfigCheckRequest``s -> their ``ConfigCheckReply``s (as JSON), in order; whatever raises
+    fails them all (the parent then asks each part again, alone)."""
+    out = []
+    for one in payload:
+        request = ConfigCheckRequest.from_json(one)
+        schema: SchemaReply | None = None
+        if request.schema is not None:
+            schema = SchemaReply.from_json(_validate(request.schema, request.schema_memory))
+        entries = check_entries([e.to_json() for e in request.entries])
+        replies = tuple(EntryCheckReply.from_json(e) for e in entries)
+        out.append(ConfigCheckReply(schema=schema, entries=replies).to_json())
+    return out
 
 
 @contextlib.contextmanager

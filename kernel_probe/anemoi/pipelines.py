@@ -67,8 +67,13 @@ class CheckResult:
         return max(self.own_exit_code, self.alternative.own_exit_code if self.alternative else 0)
 
 
-def check_config(
-    path: str | Path,
+def check_config(path: str | Path, overrides: Sequence[str] = (), **options: Any) -> CheckResult:
+    """:func:`check_configs` for the one config at ``path``."""
+    return check_configs([path], overrides, **options)[0]
+
+
+def check_configs(
+    paths: Sequence[str | Path],
     overrides: Sequence[str] = (),
     *,
     lock: KernelLock | None = None,
@@ -80,14 +85,67 @@ def check_config(
     schema: bool = True,
     trust: Trust = NO_TRUST,
     _shape: str | None = None,
-) -> CheckResult:
-    """Judge the config at ``path`` on this machine, against ``lock`` if given, and with
-    anemoi-training's schema (``schema``) where installed, importing only what ``trust`` allows."""
-    options = {k: v for k, v in locals().items() if k not in ("path", "overrides", "_shape")}
-    config = read_config(path, overrides, compose_overlays=compose, trust=trust, shape=_shape)
+) -> list[CheckResult]:
+    """Judge each config in ``paths`` (the same ``overrides`` for each) on this machine, against
+    ``lock`` if given, and with anemoi-training's schema (``schema``) where installed, importing
+    only what ``trust`` allows. The configs' schemas and entries are judged in one child (the
+    imports paid once); each config is composed in a child of its own, as it is read."""
+    options = {k: v for k, v in locals().items() if k not in ("paths", "overrides", "_shape")}
+    readings = [
+        _reading(
+            path,
+            overrides,
+            lock,
+            mode,
+            qk_norm,
+            allow_semantics_change,
+            compose,
+            schema,
+            trust,
+            _shape,
+        )
+        for path in paths
+    ]
+    answers = _schema_and_entries(readings, timeout)
+    results = [_finished(r, *answer) for r, answer in zip(readings, answers, strict=True)]
+    for path, result in zip(paths, results, strict=True):
+        if _shape is None and result.config.alternative:  # ambiguous: checked the other way too
+            result.alternative = check_config(
+                path, overrides, **options, _shape=result.config.alternative
+            )
+    return results
+
+
+@dataclass
+class _Reading:
+    """One config read and judged up to what its children answer."""
+
+    config: Config
+    findings: list[Finding]
+    run: SchemaRun | str
+    at_schema: int  # the schema's errors go here, once it has run with the entries
+    expected: dict[str, Exported]
+    own: list[Any]  # the blocks with content of their own
+    facts: dict[str, dict[str, Any]]
+    requests: list[EntryCheckRequest]
+
+
+def _reading(
+    path: str | Path,
+    overrides: Sequence[str],
+    lock: KernelLock | None,
+    mode: str | None,
+    qk_norm: bool,
+    allow_semantics_change: bool,
+    compose: bool,
+    schema: bool,
+    trust: Trust,
+    shape: str | None,
+) -> _Reading:
+    config = read_config(path, overrides, compose_overlays=compose, trust=trust, shape=shape)
     findings: list[Finding] = list(config.findings)
     run: SchemaRun | str = checks.schema_run(config) if schema else "not run: --no-schema"
-    at_schema = len(findings)  # the schema's errors go here, once it has run with the entries
+    at_schema = len(findings)
     findings.extend(checks.lost_wrappers(config))
     findings.extend(components.attention_findings(config.tree, lock, mode))
     findings.extend(components.graph_findings(config.tree, lock))
@@ -104,23 +162,27 @@ def check_config(
     own = [b for b in config.blocks if b.content is not None]
     facts: dict[str, dict[str, Any]] = {b.where: {} for b in own}
     requests = _requests(own, expected, trust, allow_semantics_change, findings, facts)
-    schema_status, schema_errors, results = _schema_and_entries(config, run, requests, timeout)
-    findings[at_schema:at_schema] = schema_errors
-    content = {b.where: b.content or {} for b in own}
-    for req, res in zip(requests, results, strict=True):
+    return _Reading(config, findings, run, at_schema, expected, own, facts, requests)
+
+
+def _finished(
+    r: _Reading, schema_status: str, schema_errors: list[Finding], results: list[EntryCheckReply]
+) -> CheckResult:
+    """The reading's result, once its children answered."""
+    findings = r.findings
+    findings[r.at_schema : r.at_schema] = schema_errors
+    content = {b.where: b.content or {} for b in r.own}
+    for req, res in zip(r.requests, results, strict=True):
         block = req.where[: -len(req.key) - 1]
-        facts[block][req.key] = res.facts
+        r.facts[block][req.key] = res.facts
         if req.key in content[block]:  # not anemoi's default standing in for a key left out
             findings.extend(Finding(**f) for f in res.findings)
-    for b in own:
+    for b in r.own:
         findings.extend(checks.merge_leftovers(b))
-        if expected:
-            findings.extend(checks.compare_with_lock(b, expected, facts[b.where]))
+        if r.expected:
+            findings.extend(checks.compare_with_lock(b, r.expected, r.facts[b.where]))
     pin = torch_pin_notes()
-    result = CheckResult(config, findings, expected, schema=schema_status, torch_pin=pin)
-    if _shape is None and config.alternative:  # ambiguous: checked the other way too
-        result.alternative = check_config(path, overrides, **options, _shape=config.alternative)
-    return result
+    return CheckResult(r.config, findings, r.expected, schema=schema_status, torch_pin=pin)
 
 
 def _requests(
@@ -166,24 +228,42 @@ def _requests(
 
 
 def _schema_and_entries(
-    config: Config, run: SchemaRun | str, requests: list[EntryCheckRequest], timeout: float
-) -> tuple[str, list[Finding], list[EntryCheckReply]]:
-    """(schema status, its findings, one reply per request) from one child; where it fails, each
-    part runs again in a child of its own, so the findings say which failed."""
-    reply: ConfigCheckReply | None = None
-    if isinstance(run, SchemaRun) and requests:
-        request = ConfigCheckRequest(
-            schema=run.request, schema_memory=COMPOSE_MEMORY, entries=tuple(requests)
-        )
-        child = run_function(CHILDREN, "check", request, timeout=timeout)
-        if child.ok:
+    readings: Sequence[_Reading], timeout: float
+) -> list[tuple[str, list[Finding], list[EntryCheckReply]]]:
+    """Per reading: (schema status, its findings, one reply per request). One child answers for
+    them all where there are several readings, or one whose schema runs with entries; where that
+    child fails, each part of each reading runs again in a child of its own, so the findings say
+    which failed."""
+    replies: list[ConfigCheckReply | None] = [None] * len(readings)
+    one = readings[0] if len(readings) == 1 else None  # alone: in one child where both parts run
+    if len(readings) > 1 or (one is not None and isinstance(one.run, SchemaRun) and one.requests):
+        batch = [
+            ConfigCheckRequest(
+                schema=r.run.request if isinstance(r.run, SchemaRun) else None,
+                schema_memory=COMPOSE_MEMORY,
+                entries=tuple(r.requests),
+            ).to_json()
+            for r in readings
+        ]
+        # each config's own time, as if each had a child of its own
+        child = run_function(CHILDREN, "check", batch, timeout=timeout * len(readings))
+        if child.ok and isinstance(child.value, list) and len(child.value) == len(readings):
             with contextlib.suppress(ProtocolError):  # not its answer: as if it had failed
-                reply = ConfigCheckReply.from_json(child.value)
-    if reply is not None and reply.schema is not None and len(reply.entries) == len(requests):
-        status, errors = schema_findings(config, timeout, run=run, reply=reply.schema)
-        return status, errors, list(reply.entries)
-    status, errors = schema_findings(config, timeout, run=run)
-    return status, errors, judge_entries(requests, timeout=timeout)
+                replies = [ConfigCheckReply.from_json(v) for v in child.value]
+    out: list[tuple[str, list[Finding], list[EntryCheckReply]]] = []
+    for r, reply in zip(readings, replies, strict=True):
+        run = r.run
+        if reply is not None and len(reply.entries) != len(r.requests):
+            reply = None  # not its answer
+        if reply is not None and isinstance(run, str) and reply.schema is None:
+            out.append((run, [], list(reply.entries)))
+        elif reply is not None and isinstance(run, SchemaRun) and reply.schema is not None:
+            status, errors = schema_findings(r.config, timeout, run=run, reply=reply.schema)
+            out.append((status, errors, list(reply.entries)))
+        else:
+            status, errors = schema_findings(r.config, timeout, run=run)
+            out.append((status, errors, judge_entries(r.requests, timeout=timeout)))
+    return out
 
 
 # ---- export for one config -----------------------------------------------------------------------

@@ -16,7 +16,7 @@ from kernel_probe import __version__, output
 from kernel_probe.anemoi.components import export_setting
 from kernel_probe.anemoi.config import SHAPES
 from kernel_probe.anemoi.entries import DEFAULT_TIMEOUT
-from kernel_probe.anemoi.pipelines import CHECK_CONFIG_EXIT, check_config, export_for_config
+from kernel_probe.anemoi.pipelines import CHECK_CONFIG_EXIT, check_configs, export_for_config
 from kernel_probe.anemoi.reading import add_config_trust_argument, config_trust
 from kernel_probe.errors import UsageError
 from kernel_probe.output import add_flags, add_trust_argument, comment, safe
@@ -217,7 +217,7 @@ def add_check_config_arguments(p: argparse.ArgumentParser) -> None:
         "anemoi config (YAML): a training config, an overlay with a `defaults:` list "
         "(composed as anemoi-training does), or a model config file (config/model/<name>.yaml)"
     )
-    p.add_argument("config", help=config)
+    p.add_argument("config", nargs="+", help=config + "; several: checked together, exit the worst")
     compare = "also compare the LayerNorm/Linear entries with this lock"
     p.add_argument("--lock", default=None, help=compare)
     mode = "the lock's resolution to compare with (default: the lock's own mode)"
@@ -247,10 +247,11 @@ def add_check_config_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run_check_config(args: argparse.Namespace) -> int:
-    """Check the config, print the findings (both readings of an ambiguous file), exit 0, 3 or 5."""
+    """Check each config, print the findings (both readings of an ambiguous file), exit 0, 3 or 5:
+    the worst over the configs."""
     lock = output.load_lock(args.lock, trust=args.trust) if args.lock else None
     args.mode = args.mode or (lock.mode if lock else "training")
-    result = check_config(
+    results = check_configs(
         args.config,
         args.overrides,
         lock=lock,
@@ -259,23 +260,39 @@ def run_check_config(args: argparse.Namespace) -> int:
         schema=not args.no_schema,
         **_config_options(args),
     )
-    alt = result.alternative
+    code = max(r.exit_code for r in results)
     if args.json:
-        body = _json(args, result, result.exit_code)
+        bodies = [_json_both(args, path, r) for path, r in zip(args.config, results, strict=True)]
+        if len(bodies) == 1:
+            output.print_json(bodies[0])
+            return code
+        worst = next(b for b in bodies if b["exit_code"] == code)  # its failure speaks for all
+        said = {k: v for k, v in worst.items() if k in ("ok", "error")}
+        output.print_json({**said, "exit_code": code, "configs": bodies})
+        return code
+    say = output.console().print
+    for path, result in zip(args.config, results, strict=True):
+        _render(args, path, result, result.own_exit_code)
+        alt = result.alternative
         if alt is not None:
-            body["alternative"] = _json(args, alt, alt.own_exit_code)
-        output.print_json(body)
-        return result.exit_code
-    _render(args, result, result.own_exit_code)
-    if alt is not None:
-        say = output.console().print
-        say(
-            f"[bold]the file's kind is ambiguous[/] ({safe(result.config.why)}): also read as "
-            f"{safe(SHAPES_SHORT[alt.config.shape])}"
-        )
-        _render(args, alt, alt.own_exit_code)
-        say(f"exit {result.exit_code}: the worse of the two readings")
-    return result.exit_code
+            say(
+                f"[bold]the file's kind is ambiguous[/] ({safe(result.config.why)}): also read as "
+                f"{safe(SHAPES_SHORT[alt.config.shape])}"
+            )
+            _render(args, path, alt, alt.own_exit_code)
+            say(f"exit {result.exit_code}: the worse of the two readings")
+    if len(results) > 1:
+        say(f"exit {code}: the worst of {len(results)} configs")
+    return code
+
+
+def _json_both(args: argparse.Namespace, path: str, result: Any) -> dict:
+    """One config's JSON: its reading, and the other reading of an ambiguous file."""
+    body = _json(args, path, result, result.exit_code)
+    if result.alternative is not None:
+        alt = result.alternative
+        body["alternative"] = _json(args, path, alt, alt.own_exit_code)
+    return body
 
 
 SHAPES_SHORT = {
@@ -285,7 +302,7 @@ SHAPES_SHORT = {
 }
 
 
-def _json(args: argparse.Namespace, result: Any, code: int) -> dict:
+def _json(args: argparse.Namespace, path: str, result: Any, code: int) -> dict:
     config = result.config
     blocks = [
         {
@@ -296,8 +313,8 @@ def _json(args: argparse.Namespace, result: Any, code: int) -> dict:
         for b in config.blocks
     ]
     return {
-        **_failure(args, result, code),
-        "config": args.config,
+        **_failure(path, result, code),
+        "config": path,
         "lock": args.lock,
         "mode": args.mode,
         "exit_code": code,
@@ -315,7 +332,7 @@ def _json(args: argparse.Namespace, result: Any, code: int) -> dict:
     }
 
 
-def _failure(args: argparse.Namespace, result: Any, code: int) -> dict:
+def _failure(path: str, result: Any, code: int) -> dict:
     """``ok``, and with a failing exit code the one failure shape (kernel_probe.output.failure): its
     first error finding (the others are under ``findings``)."""
     if code == 0:
@@ -326,17 +343,17 @@ def _failure(args: argparse.Namespace, result: Any, code: int) -> dict:
         first, more = errors[0], len(errors) - 1
         said = f" (and {more} more, under findings)" if more else ""
         problem, key, fix = f"{first.where}: {first.problem}{said}", first.where, first.fix
-    return output.failure(problem, code, kind="ConfigFindings", file=args.config, key=key, fix=fix)
+    return output.failure(problem, code, kind="ConfigFindings", file=path, key=key, fix=fix)
 
 
 STYLE = {"error": "bold red", "warning": "yellow", "note": "dim"}
 _VERDICT = {0: "[green]ok[/]", 3: "[red]disagrees with the lock[/]", 5: "[red]errors[/]"}
 
 
-def _render(args: argparse.Namespace, result: Any, code: int) -> None:
+def _render(args: argparse.Namespace, path: str, result: Any, code: int) -> None:
     say, config = output.console().print, result.config
     against = f" against {safe(args.lock)} ({args.mode} mode)" if args.lock else ""
-    say(f"[bold]{safe(args.config)}[/]{against}")
+    say(f"[bold]{safe(path)}[/]{against}")
     read = SHAPES[config.shape]
     if config.composed:
         read += f"; composed by Hydra as anemoi-training would ({config.model_choice()})"

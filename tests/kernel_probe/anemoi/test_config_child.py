@@ -64,7 +64,8 @@ class Children:
         if hasattr(payload, "to_json"):
             payload = payload.to_json()
         if name == "kernel_probe.anemoi.children.check":
-            ConfigCheckRequest.from_json(payload)  # what the child would read
+            for one in payload:  # what the child would read
+                ConfigCheckRequest.from_json(one)
         return self.answers[name]
 
 
@@ -87,13 +88,22 @@ ALONE = {
 }
 
 
-def _both(config: Config = Config(path="c.yaml", tree={"model": {}})):
-    return pipelines._schema_and_entries(config, RUN, [ENTRY], timeout=60)
+def reading(run=RUN, requests=(ENTRY,), config=None) -> pipelines._Reading:
+    """What check_config has read of one config before its children answer."""
+    config = config or Config(path="c.yaml", tree={"model": {}})
+    return pipelines._Reading(config, [], run, 0, {}, [], {}, list(requests))
+
+
+def _both():
+    [answer] = pipelines._schema_and_entries([reading()], timeout=60)
+    return answer
 
 
 def test_both_parts_in_one_child_when_it_answers(children):
     reply = ConfigCheckReply(schema=SCHEMA, entries=(ENTRY_REPLY,))
-    fake = children(kernel_probe__anemoi__children__check=ChildResult("ok", value=reply.to_json()))
+    fake = children(
+        kernel_probe__anemoi__children__check=ChildResult("ok", value=[reply.to_json()])
+    )
     status, errors, entries = _both()
     assert fake.asked == ["kernel_probe.anemoi.children.check"]
     assert status == "checked with anemoi-training 0.17.1's BaseSchema (the composed config)"
@@ -107,10 +117,12 @@ def test_both_parts_in_one_child_when_it_answers(children):
         ChildResult("crashed", reason="killed by SIGSEGV"),
         ChildResult("timeout", reason="took over 60 s"),
         ChildResult("error", reason="MemoryError"),
-        ChildResult("ok", value={"schema": None, "entries": "not a list"}),  # not its answer
-        ChildResult("ok", value=ConfigCheckReply(schema=SCHEMA).to_json()),  # an entry short
+        ChildResult("ok", value=[{"schema": None, "entries": "not a list"}]),  # not its answer
+        ChildResult("ok", value=[ConfigCheckReply(schema=SCHEMA).to_json()]),  # an entry short
+        ChildResult("ok", value=[]),  # a config short
+        ChildResult("ok", value=[ConfigCheckReply(entries=(ENTRY_REPLY,)).to_json()]),  # no schema
     ],
-    ids=["crashed", "timeout", "raised", "malformed", "short"],
+    ids=["crashed", "timeout", "raised", "malformed", "short", "no-config", "no-schema"],
 )
 def test_each_part_alone_where_the_one_child_fails(children, failed):
     fake = children(kernel_probe__anemoi__children__check=failed, **ALONE)
@@ -126,15 +138,43 @@ def test_each_part_alone_where_the_one_child_fails(children, failed):
 
 def test_a_part_alone_runs_in_its_own_child(children):
     fake = children(**ALONE)
-    status, errors, entries = pipelines._schema_and_entries(
-        Config(path="c.yaml", tree={}), RUN, [], timeout=60
-    )
+    only_schema = reading(requests=(), config=Config(path="c.yaml", tree={}))
+    [(status, errors, entries)] = pipelines._schema_and_entries([only_schema], timeout=60)
     assert fake.asked == ["kernel_probe.anemoi.children.validate"] and entries == []
-    status, errors, entries = pipelines._schema_and_entries(
-        Config(path="c.yaml"), "not run: --no-schema", [ENTRY], timeout=60
-    )
+    no_schema = reading("not run: --no-schema", config=Config(path="c.yaml"))
+    [(status, errors, entries)] = pipelines._schema_and_entries([no_schema], timeout=60)
     assert fake.asked[1:] == ["kernel_probe.anemoi.entries.check_entries"]
     assert (status, errors, entries) == ("not run: --no-schema", [], [ENTRY_REPLY])
+
+
+def test_several_configs_share_one_child_each_getting_its_own_answer(children):
+    other = EntryCheckReply(findings=[], facts={"target": "torch.nn.Linear", "imported": True})
+    replies = [
+        ConfigCheckReply(schema=SCHEMA, entries=(ENTRY_REPLY,)).to_json(),
+        ConfigCheckReply(entries=(other, ENTRY_REPLY)).to_json(),  # --no-schema: none asked
+    ]
+    fake = children(kernel_probe__anemoi__children__check=ChildResult("ok", value=replies))
+    both = [reading(), reading("not run: --no-schema", (ENTRY, ENTRY))]
+    first, second = pipelines._schema_and_entries(both, timeout=60)
+    assert fake.asked == ["kernel_probe.anemoi.children.check"]
+    assert first[0].startswith("checked with") and first[2] == [ENTRY_REPLY]
+    assert second == ("not run: --no-schema", [], [other, ENTRY_REPLY])
+
+
+def test_where_the_shared_child_fails_each_config_is_asked_alone(children):
+    fake = children(
+        kernel_probe__anemoi__children__check=ChildResult("crashed", reason="killed by SIGKILL"),
+        **ALONE,
+    )
+    both = [reading(), reading("not run: --no-schema")]
+    first, second = pipelines._schema_and_entries(both, timeout=60)
+    assert fake.asked == [
+        "kernel_probe.anemoi.children.check",
+        "kernel_probe.anemoi.children.validate",
+        "kernel_probe.anemoi.entries.check_entries",
+        "kernel_probe.anemoi.entries.check_entries",
+    ]
+    assert first[2] == second[2] == [ENTRY_REPLY] and second[:2] == ("not run: --no-schema", [])
 
 
 def test_the_messages_round_trip_and_a_bad_entry_is_named():

@@ -9,6 +9,7 @@ presets.
 from __future__ import annotations
 
 import importlib.resources
+import json
 from pathlib import Path
 
 import pytest
@@ -391,3 +392,25 @@ def test_the_generic_adapter_target_is_trusted_only_with_its_kernel(tmp_path, mo
     path = write(tmp_path, {"model": {"layer_kernels": {"LayerNorm": {"_target_": target}}}})
     code, out, _ = run_cli(["check-config", path, "--no-schema"], capsys)
     assert code == 0 and "not checked: module not trusted" in out and "'kp_evil.Evil'" in out, out
+
+
+def test_several_configs_in_one_command_each_judged_the_worst_exit(tmp_path, capsys):
+    good = tmp_path / "good" / "cfg.yaml"
+    bad = tmp_path / "bad" / "cfg.yaml"
+    for path, key in ((good, "LayerNorm"), (bad, "Layernorm")):  # the second: an unknown key
+        path.parent.mkdir()
+        write(path.parent, {"model": {"layer_kernels": {key: {"_target_": "torch.nn.LayerNorm"}}}})
+    argv = ["check-config", str(good), str(bad), "--no-schema", "--no-compose"]
+    code, out, _ = run_cli(argv, capsys)
+    assert code == 5, out
+    assert out.index(str(good)) < out.index(str(bad)) and "exit 5: the worst of 2 configs" in out
+    assert "Layernorm" in out.split(str(bad))[1] and "Layernorm" not in out.split(str(bad))[0]
+    code, out, _ = run_cli([*argv, "--json"], capsys)
+    data = json.loads(out)
+    assert code == data["exit_code"] == 5 and data["ok"] is False
+    assert [c["config"] for c in data["configs"]] == [str(good), str(bad)]
+    assert [c["exit_code"] for c in data["configs"]] == [0, 5]
+    assert data["error"]["file"] == str(bad) and data["error"]["key"].endswith("Layernorm")
+    # one config: the JSON is that config's, as before
+    code, out, _ = run_cli(argv[:2] + argv[3:] + ["--json"], capsys)
+    assert code == 0 and json.loads(out)["config"] == str(good)
