@@ -14,7 +14,7 @@ from kernel_lock.model import Model
 from kernel_lock.slots import PRECISIONS
 from kernel_probe import output
 from kernel_probe.model import DEFAULT_TIMEOUT, trace_with_notes
-from kernel_probe.model.check import DEFAULT_STEPS, Check, check
+from kernel_probe.model.check import DEFAULT_STEPS, NOT_TIMED, Check, check
 from kernel_probe.output import print_rows, safe, seconds
 
 _SPEC = (
@@ -111,6 +111,8 @@ def add_check_model_arguments(p: argparse.ArgumentParser) -> None:
         "the CPU for a CPU lock; exit 3 where it is not here)"
     )
     p.add_argument("--device", choices=("cpu", "cuda"), default="", help=where)
+    untimed = "the verdict only: skip the paired timing of the training step (up to 20 s)"
+    p.add_argument("--no-timing", action="store_true", help=untimed)
     output.add_trust_argument(p)
 
 
@@ -122,7 +124,12 @@ def timing_line(result: Check) -> str:
     """``1.12x per step (0.93 -> 0.83 s, 95% interval 1.05-1.20x over 10 rounds)``."""
     t = result.timing
     if not t:
-        return f"not timed: {result.why or 'the model with the lock raised in its step'}"
+        asked = NOT_TIMED in result.notes  # --no-timing: said once, in its note
+        return (
+            "not timed: --no-timing"
+            if asked
+            else (f"not timed: {result.why or 'the model with the lock raised in its step'}")
+        )
     low, high = t["interval"]
     return (
         f"{t['ratio']:.2f}x per step ({t['written']:.3g} -> {t['applied']:.3g} s, 95% interval "
@@ -154,7 +161,7 @@ def run_check_model(args: argparse.Namespace) -> int:
     """``kernel-probe check-model``: 0 agree (or not run, said why), 3 diverging."""
     result = check(
         args.spec, args.lock, steps=args.steps, trust=args.trust, timeout=args.timeout,
-        device=args.device,
+        device=args.device, timing=not args.no_timing,
     )  # fmt: skip
     if args.json:
         output.print_json(output.with_failure(result.to_dict(), None))

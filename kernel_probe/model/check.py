@@ -15,6 +15,8 @@ from kernel_probe.errors import ProbeError, UsageError
 from kernel_probe.isolation.child import child_environment, run_function
 from kernel_probe.model.tracing import DEFAULT_TIMEOUT, failure, parse_spec
 
+NOT_TIMED = "not timed: --no-timing (the verdict only)"  # the note check_model adds
+
 __all__ = ["DEFAULT_STEPS", "DEVICES", "MAX_STEPS", "Check", "DeviceAbsent", "check", "device_for"]
 
 DEFAULT_STEPS = 3
@@ -112,11 +114,13 @@ def check(
     trust: Sequence[str] = (),
     timeout: float = DEFAULT_TIMEOUT,
     device: str = "",
+    timing: bool = True,
 ) -> Check:
     """The model ``spec`` names, as written and with the lock applied, through the phases (the
-    module's docstring), in a child on ``device`` (:func:`device_for`). Exit 2: a bad spec or step
-    count; the lock's own error before any child; 5: the model's code fails; 1: the child hangs or
-    dies; 3 (:class:`DeviceAbsent`): the device is not here."""
+    module's docstring), in a child on ``device`` (:func:`device_for`); the training step timed,
+    written against applied, unless ``timing`` is False (the verdict only). Exit 2: a bad spec or
+    step count; the lock's own error before any child; 5: the model's code fails; 1: the child
+    hangs or dies; 3 (:class:`DeviceAbsent`): the device is not here."""
     parsed = parse_spec(spec)
     if not 1 <= steps <= MAX_STEPS:
         fix = f"pass --steps between 1 and {MAX_STEPS}"
@@ -124,7 +128,7 @@ def check(
     read = kernel_lock.load(lock, trust=trust, emit_warnings=False)  # a bad lock: no child
     on, why = device_for(read, device)
     request = {"spec": parsed.to_json(), "lock": str(lock), "trust": list(trust), "steps": steps}
-    request["device"] = on
+    request["device"], request["timing"] = on, timing
     result = run_function(CHILD, "check_model", request, timeout=timeout, env=child_environment())
     if not result.ok:
         raise failure(parsed, result, timeout, ("check", "checking"))

@@ -23,6 +23,7 @@ from torch import nn
 import kernel_lock
 from kernel_lock.errors import LockError
 from kernel_probe.model import child
+from kernel_probe.model.check import NOT_TIMED
 from kernel_probe.model.child import ModelCodeError, _cast, _floats
 
 __all__ = ["FLOOR", "K", "check_model"]
@@ -262,7 +263,8 @@ def check_model(request: Mapping[str, Any]) -> dict[str, Any]:
     except LockError as exc:  # the parent raises it again: a lock unusable here (exit 3)
         keys = ("problem", "path", "key", "fix", "exit_code")
         return {"verdict": "lock-error", "error": {k: getattr(exc, k) for k in keys}}
-    timed = [copy.deepcopy(model), copy.deepcopy(applied)]  # before the hooks
+    timing_asked = bool(request.get("timing", True))
+    timed = [copy.deepcopy(model), copy.deepcopy(applied)] if timing_asked else []  # before hooks
     sites = [s.where for s in report.sites if s.swapped]
     runs = [
         _Run(model, args, kwargs, sites, "as written"),
@@ -282,6 +284,15 @@ def check_model(request: Mapping[str, Any]) -> dict[str, Any]:
             break
     verdict = "diverging" if phases[-1]["diverging"] else "agree"
     notes = built + [f"{s.where or '<model>'}: left as written ({s.reason})" for s in report.left]
+    if not timing_asked:
+        notes.insert(0, NOT_TIMED)
+        return {
+            "verdict": verdict,
+            "phases": phases,
+            "sites": sites,
+            "timing": None,
+            "notes": notes,
+        }
     try:
         timing = _timing(
             *[_Run(m, args, kwargs, [], r) for m, r in zip(timed, ("", ""), strict=True)]

@@ -30,7 +30,8 @@ def calibrated(spec: str, tmp_path: Path) -> dict:
     out = {}
     for name, pins in CALIBRATION.items():
         lock = pinned_lock(tmp_path / f"{name.replace(' ', '-')}.toml", pins)
-        out[name] = check(spec, str(lock), steps=2, trust=["kp_zoo"])
+        # the verdicts are the point: the step's paired timing (~10 s on anemoi) is left out
+        out[name] = check(spec, str(lock), steps=2, trust=["kp_zoo"], timing=False)
     return out
 
 

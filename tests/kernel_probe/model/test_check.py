@@ -11,6 +11,8 @@ import pytest
 import kernel_lock
 from kernel_lock.lock import KernelLock
 from kernel_lock.schema import EnvField, Environment
+from kernel_probe.commands.model import render_check
+from kernel_probe.model.check import NOT_TIMED, Check
 from kernel_probe.model.tracing import parse_spec
 from tests.conftest import run_cli
 from tests.model_locks import pinned_lock
@@ -76,9 +78,10 @@ def test_statistics_cached_at_the_first_forward_diverge_in_the_first_backward(tm
 def test_check_model_exit_codes_and_json(tmp_path, capsys):
     stale = layer_norm_lock("kp_zoo.norms.StaleWeightLayerNorm", tmp_path / "stale.toml")
     args = ["check-model", BLOCK, "--trust", "kp_zoo", "--steps", "2"]
-    code, out, _ = run_cli([*args, "--lock", stale, "--json"], capsys)
+    code, out, _ = run_cli([*args, "--lock", stale, "--json", "--no-timing"], capsys)
     body = json.loads(out)  # strict: no NaN or Infinity
     assert code == 3 and body["verdict"] == "diverging"
+    assert body["timing"] is None and body["notes"][0] == NOT_TIMED  # the verdict only
     assert body["first"]["phase"] == "after optimizer step 1"
     assert body["first"]["what"] == "site norm1"
     good = layer_norm_lock("kp_zoo.norms.GoodLayerNorm", tmp_path / "good.toml")
@@ -173,3 +176,13 @@ def test_a_lock_whose_step_raises_diverges_and_is_not_timed(tmp_path, monkeypatc
     assert result["verdict"] == "diverging" and result["timing"] is None
     assert result["phases"][-1]["diverging"][0]["what"].startswith("raised RuntimeError")
     assert result["notes"][0] == "not timed: the training step raised RuntimeError"
+
+
+def test_no_timing_is_said_on_the_step_time_line(capsys):
+    result = Check(
+        spec=BLOCK, lock="l.toml", steps=1, verdict="agree", phases=(), sites=("norm1",),
+        timing=None, notes=(NOT_TIMED,),
+    )  # fmt: skip
+    render_check(result)
+    out = capsys.readouterr().out
+    assert "step time: not timed: --no-timing\n" in out and f"note: {NOT_TIMED}" in out

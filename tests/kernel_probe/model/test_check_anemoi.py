@@ -26,9 +26,10 @@ def test_check_model_runs_to_a_verdict_on_each_preset_at_a_cpu_grid(preset, tmp_
     config = write_sized(tmp_path / "training.yaml", preset)
     path = tmp_path / "kernel-lock.toml"
     lock = layer_norm_lock("kp_zoo.norms.GoodLayerNorm", path, "kp_zoo.norms.GoodLinear")
-    result = check(f"anemoi:{config}", str(lock), steps=1, trust=["kp_zoo"])
+    timed = preset == "gnn"  # the step timed on one preset (the cheapest); the others: verdicts
+    result = check(f"anemoi:{config}", str(lock), steps=1, trust=["kp_zoo"], timing=timed)
     assert result.verdict == "agree", result.first
     assert len(result.phases) == 6 and result.sites
     assert all(s.split(".")[0] == "model" for s in result.sites)
-    assert result.timing is not None and result.timing["rounds"] >= 3
+    assert result.timing is None if not timed else result.timing["rounds"] >= 3, result.timing
     assert any("the graph is synthetic" in n for n in result.notes), result.notes
