@@ -92,20 +92,10 @@ def check_configs(
     imports paid once); each config is composed in a child of its own, as it is read."""
     options = {k: v for k, v in locals().items() if k not in ("paths", "overrides", "_shape")}
     readings = [
-        _reading(
-            path,
-            overrides,
-            lock,
-            mode,
-            qk_norm,
-            allow_semantics_change,
-            compose,
-            schema,
-            trust,
-            _shape,
-        )
+        _reading(path, overrides, _shape, lock=lock, mode=mode, qk_norm=qk_norm, compose=compose,
+                 allow_semantics_change=allow_semantics_change, schema=schema, trust=trust)
         for path in paths
-    ]
+    ]  # fmt: skip
     answers = _schema_and_entries(readings, timeout)
     results = [_finished(r, *answer) for r, answer in zip(readings, answers, strict=True)]
     for path, result in zip(paths, results, strict=True):
@@ -133,6 +123,8 @@ class _Reading:
 def _reading(
     path: str | Path,
     overrides: Sequence[str],
+    shape: str | None,
+    *,
     lock: KernelLock | None,
     mode: str | None,
     qk_norm: bool,
@@ -140,8 +132,9 @@ def _reading(
     compose: bool,
     schema: bool,
     trust: Trust,
-    shape: str | None,
 ) -> _Reading:
+    """The config at ``path`` read (composed in a child where it must be) and judged up to what
+    needs a child: its schema run and the entry requests."""
     config = read_config(path, overrides, compose_overlays=compose, trust=trust, shape=shape)
     findings: list[Finding] = list(config.findings)
     run: SchemaRun | str = checks.schema_run(config) if schema else "not run: --no-schema"
